@@ -1,0 +1,35 @@
+"""Alembic environment: runs migrations on the URL the caller put in the config."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine, pool
+
+from outbox.settings import get_settings, sqlalchemy_url
+
+config = context.config
+
+
+def _url() -> str:
+    return sqlalchemy_url(config.get_main_option("sqlalchemy.url") or get_settings().database_url)
+
+
+def run_migrations_offline() -> None:
+    context.configure(url=_url(), literal_binds=True, dialect_opts={"paramstyle": "named"})
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    engine = create_engine(_url(), poolclass=pool.NullPool)
+    with engine.connect() as connection:
+        context.configure(connection=connection, transaction_per_migration=True)
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

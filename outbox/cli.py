@@ -1,0 +1,186 @@
+"""`idem`: run the gateway's processes, or all of them at once with `idem dev`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from outbox.logs import configure_logging, get_logger
+from outbox.routes import RoutesError, load_routes
+from outbox.settings import Settings, get_settings
+
+app = typer.Typer(
+    help="Exactly-once side effects for automation workflows.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+log = get_logger("idem")
+
+
+def _settings(*, need_servers: bool = True) -> Settings:
+    settings = get_settings()
+    configure_logging(settings.log_format, settings.log_level)
+    if need_servers and not settings.database_url:
+        _fail("DATABASE_URL is not set (or use `idem dev`, which starts embedded servers)")
+    if need_servers and not settings.redis_url:
+        _fail("REDIS_URL is not set (or use `idem dev`, which starts embedded servers)")
+    try:
+        load_routes(settings.routes_file)
+    except RoutesError as error:
+        _fail(str(error))
+    return settings
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"idem: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    def handler(signum: int, _: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+@app.command()
+def serve(
+    host: str = typer.Option(None, help="Interface to bind (env HOST, default 127.0.0.1)."),
+    port: int = typer.Option(None, help="Port to listen on (env PORT, default 8000)."),
+    workers: int = typer.Option(1, help="Receiver processes."),
+) -> None:
+    """Run the HTTP receiver."""
+    import uvicorn
+
+    settings = _settings()
+    uvicorn.run(
+        "outbox.receiver:create_app",
+        factory=True,
+        host=host or settings.host,
+        port=port or settings.port,
+        workers=workers,
+        log_config=None,
+        access_log=False,
+        server_header=False,
+    )
+
+
+@app.command()
+def relay() -> None:
+    """Publish due outbox rows to the broker until stopped."""
+    from outbox.db import create_sync_engine
+    from outbox.publisher import create_publisher
+    from outbox.relay import run_relay
+
+    settings = _settings()
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    engine = create_sync_engine(settings)
+    try:
+        run_relay(settings, engine, create_publisher(settings), stop)
+    finally:
+        engine.dispose()
+
+
+@app.command()
+def worker(
+    concurrency: int = typer.Option(None, help="Worker processes (env WORKER_CONCURRENCY)."),
+) -> None:
+    """Run the Celery worker that claims keys and runs actions."""
+    _settings()
+    args = [sys.executable, "-m", "worker"]
+    if concurrency:
+        args += ["--concurrency", str(concurrency)]
+    os.execv(sys.executable, args)
+
+
+@app.command()
+def migrate() -> None:
+    """Apply the database migrations (Alembic upgrade to head)."""
+    from outbox.migrate import upgrade
+
+    settings = _settings()
+    upgrade(settings.database_url)
+    log.info("migrations.applied")
+
+
+@app.command()
+def dev(
+    concurrency: int = typer.Option(2, help="Worker processes."),
+) -> None:
+    """Run everything in the foreground: migrations, receiver, relay, worker. Ctrl-C stops all.
+
+    With no DATABASE_URL / REDIS_URL, embedded PostgreSQL and Redis start with their data in
+    DATA_DIR (default .idem/).
+    """
+    from outbox import embedded
+    from outbox.migrate import upgrade
+
+    os.environ.setdefault("LOG_FORMAT", "console")
+    get_settings.cache_clear()
+    settings = _settings(need_servers=False)
+    env = dict(os.environ)
+    servers: list[Any] = []
+    redis_process: subprocess.Popen[bytes] | None = None
+    data_dir = Path(settings.data_dir).resolve()
+    if not settings.database_url:
+        server, env["DATABASE_URL"] = embedded.start_postgres(data_dir / "postgres")
+        servers.append(server)
+        log.info("embedded.postgres", data_dir=str(data_dir / "postgres"))
+    if not settings.redis_url:
+        redis_process, env["REDIS_URL"] = embedded.start_redis(data_dir / "redis")
+        log.info("embedded.redis", url=env["REDIS_URL"])
+    upgrade(env.get("DATABASE_URL") or settings.database_url)
+    commands = {
+        "receiver": [sys.executable, "-m", "outbox.cli", "serve"],
+        "relay": [sys.executable, "-m", "outbox.cli", "relay"],
+        "worker": [sys.executable, "-m", "worker", "--concurrency", str(concurrency)],
+    }
+    children = {name: subprocess.Popen(cmd, env=env) for name, cmd in commands.items()}
+    log.info(
+        "dev.started", url=f"http://{settings.host}:{settings.port}", processes=sorted(children)
+    )
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    exit_code = 0
+    try:
+        while not stop.wait(0.5):
+            exited = {n: p.returncode for n, p in children.items() if p.poll() is not None}
+            if exited:
+                log.error("dev.process_exited", exited=exited)
+                exit_code = 1
+                break
+    finally:
+        _terminate(list(children.values()))
+        if redis_process is not None:
+            _terminate([redis_process])
+        for server in servers:
+            server.cleanup()
+        log.info("dev.stopped")
+    raise typer.Exit(exit_code)
+
+
+def _terminate(processes: list[subprocess.Popen[Any]], grace: float = 10.0) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+if __name__ == "__main__":
+    app()

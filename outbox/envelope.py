@@ -1,0 +1,77 @@
+"""The event envelope callers post, and how it becomes an idempotency key and payload hash."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+
+from outbox import keys
+
+Text = Annotated[StrictStr, Field(min_length=1, max_length=200)]
+Identifier = StrictStr | StrictInt
+
+
+class Envelope(BaseModel):
+    """`POST /v1/events` body. Unknown members are refused so a typo cannot pass unnoticed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: Text
+    event_type: Text
+    external_id: Identifier
+    version: Identifier | None = None
+    payload: dict[str, Any]
+    correlation_id: Text | None = None
+    workflow: Annotated[StrictStr, Field(min_length=1, max_length=500)] | None = None
+    execution_id: Identifier | None = None
+
+    @field_validator("source", "event_type")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not keys.normalize_text(value):
+            raise ValueError("must contain a non-space character")
+        return value
+
+    @field_validator("external_id", "version", "execution_id")
+    @classmethod
+    def _bounded_identifier(cls, value: str | int | None) -> str | int | None:
+        if isinstance(value, str) and not (1 <= len(value) <= 1000):
+            raise ValueError("must be 1 to 1000 characters")
+        if isinstance(value, str) and not keys.normalize_text(value):
+            raise ValueError("must contain a non-space character")
+        return value
+
+    @property
+    def normalized_source(self) -> str:
+        return keys.normalize_text(self.source).casefold()
+
+    @property
+    def normalized_event_type(self) -> str:
+        return keys.normalize_text(self.event_type).casefold()
+
+    def derived_key(self, *, fold_external_id_case: bool) -> str:
+        """The key built from the envelope's parts (used when no Idempotency-Key is sent)."""
+        return keys.derive_key(
+            self.source,
+            self.event_type,
+            str(self.external_id),
+            None if self.version is None else str(self.version),
+            fold_external_id_case=fold_external_id_case,
+        )
+
+    def payload_hash(self) -> str:
+        """What a repeat must match: the business content, not per-delivery metadata.
+
+        The correlation id, workflow and execution id change from one delivery to the next
+        (an n8n re-run has a new execution id) and are left out on purpose.
+        """
+        return keys.payload_hash(
+            {
+                "source": self.normalized_source,
+                "event_type": self.normalized_event_type,
+                "external_id": str(self.external_id),
+                "version": None if self.version is None else str(self.version),
+                "payload": self.payload,
+            }
+        )

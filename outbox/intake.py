@@ -1,0 +1,124 @@
+"""Accepting an event: the receiver's store. One transaction per request, one closed outcome.
+
+The request is a small state machine (see rocket-rides-atomic): try to reserve the key with the
+event and its outbox row; if the key exists, either count a repeat of the same payload or report
+a conflict. A key purged between the two statements makes the loop try again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from outbox import queries
+
+PROCESS_TASK = "idem.process"
+"""The Celery task the relay publishes; the worker registers it under this name."""
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    key: str
+    payload_hash: str
+    correlation_id: str
+    source: str
+    event_type: str
+    external_id: str
+    version: str | None
+    payload: dict[str, Any]
+    route: str
+    ttl_seconds: float
+    workflow_name: str | None
+    execution_id: str | None
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The key was new: event and outbox row are committed."""
+
+    key: str
+    correlation_id: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Repeated:
+    """The key was known with the same payload: the caller gets its current state."""
+
+    key: str
+    status: str
+    correlation_id: str
+    result: Any
+    external_ref: str | None
+    error_code: str | None
+    attempts: int
+
+
+@dataclass(frozen=True)
+class PayloadConflict:
+    """The key was known with another payload: nothing changed."""
+
+    key: str
+
+
+Outcome = Accepted | Repeated | PayloadConflict
+
+
+async def accept(engine: AsyncEngine, event: NewEvent) -> Outcome:
+    """Store a new event atomically, or describe the existing key."""
+    params = {
+        "key": event.key,
+        "payload_hash": event.payload_hash,
+        "correlation_id": event.correlation_id,
+        "source": event.source,
+        "event_type": event.event_type,
+        "external_id": event.external_id,
+        "version": event.version,
+        "payload": json.dumps(event.payload, ensure_ascii=False, allow_nan=False),
+        "route": event.route,
+        "ttl_seconds": event.ttl_seconds,
+        "workflow_name": event.workflow_name,
+        "execution_id": event.execution_id,
+        "task_name": PROCESS_TASK,
+    }
+    # Two rounds cover the only race: the key purged between RESERVE and RECORD_DUPLICATE.
+    for _ in range(2):
+        async with engine.begin() as conn:
+            reserved = (await conn.execute(queries.RESERVE_KEY, params)).mappings().first()
+            if reserved is not None:
+                return Accepted(event.key, reserved["correlation_id"], reserved["created_at"])
+            repeat = (
+                (
+                    await conn.execute(
+                        queries.RECORD_DUPLICATE,
+                        {"key": event.key, "payload_hash": event.payload_hash},
+                    )
+                )
+                .mappings()
+                .first()
+            )
+            if repeat is not None:
+                return Repeated(
+                    key=event.key,
+                    status=repeat["status"],
+                    correlation_id=repeat["correlation_id"],
+                    result=repeat["result"],
+                    external_ref=repeat["external_ref"],
+                    error_code=repeat["error_code"],
+                    attempts=repeat["attempts"],
+                )
+            exists = (await conn.execute(queries.KEY_EXISTS, {"key": event.key})).first()
+            if exists is not None:
+                return PayloadConflict(event.key)
+    raise RuntimeError("key vanished twice while being accepted")
+
+
+async def get_key(engine: AsyncEngine, key: str) -> dict[str, Any] | None:
+    """The public view of one key, or None."""
+    async with engine.connect() as conn:
+        row = (await conn.execute(queries.GET_KEY, {"key": key})).mappings().first()
+    return None if row is None else dict(row)

@@ -1,0 +1,178 @@
+"""Idempotency keys: one key per business event, never per attempt.
+
+A key must be the same every time the same business event arrives, however it arrives. So we
+prefer the source's own event id (the source already decided what "one event" means). Failing
+that, we derive the key from normalized parts in a fixed order, ``source : event_type :
+external_id : version``, so spelling noise (case, whitespace, Unicode form, time zone) cannot
+split one event into two keys. The parts are hashed (SHA-256 over an unambiguous JSON encoding)
+so a key carries no raw PII and a ":" inside a part cannot make two events collide; a readable
+``source:event_type:`` prefix keeps keys greppable. Never an n8n execution id, a timestamp alone
+or a random UUID: those change on every retry or replay, which is exactly what a key must not do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import unicodedata
+from datetime import UTC, datetime, timedelta, timezone
+
+__all__ = [
+    "InvalidKey",
+    "canonical_json",
+    "derive_key",
+    "mask_key",
+    "normalize_part",
+    "normalize_text",
+    "payload_hash",
+    "validate_client_key",
+]
+
+
+class InvalidKey(ValueError):
+    """A client-supplied key (or a part of one) is unusable; the message says why."""
+
+
+# Strict on purpose: the whole value must be a timestamp with an explicit offset, in ASCII digits
+# only, so ordinary ids (and naive timestamps, whose zone we cannot know) are never rewritten.
+_TIMESTAMP = re.compile(
+    r"(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})[Tt ](?P<time>[0-9]{2}:[0-9]{2}:[0-9]{2})"
+    r"(?:\.(?P<fraction>[0-9]{1,9}))?"
+    r"(?:(?P<zulu>[Zz])|(?P<sign>[+-])(?P<oh>[0-9]{2}):?(?P<om>[0-9]{2}))"
+)
+# Slugs keep only characters that are safe in logs, URLs and Redis key names.
+_SLUG_UNSAFE = re.compile(r"[^a-z0-9._-]")
+_SLUG_MAX = 40  # enough to recognise a source or event type at a glance, short enough for logs
+_DERIVED_KEY = re.compile(r"([a-z0-9._-]{1,40}):([a-z0-9._-]{1,40}):([0-9a-f]{64})")
+_CLIENT_KEY = re.compile(r"[\x21-\x7e]+")
+_CLIENT_KEY_MAX = 255  # Stripe's limit: room for a UUID or composite id, small enough to index
+_ELLIPSIS = "…"
+
+
+def normalize_text(value: str) -> str:
+    """Unicode NFC, trimmed, every run of whitespace (any Unicode whitespace) made one space."""
+    return " ".join(unicodedata.normalize("NFC", value).split())
+
+
+def _utc_timestamp(value: str) -> str | None:
+    """The UTC ``...Z`` form of a timestamp with an explicit offset, or None if it is not one."""
+    match = _TIMESTAMP.fullmatch(value)
+    if match is None:
+        return None
+    try:
+        local = datetime.fromisoformat(f"{match['date']}T{match['time']}")
+        if match["zulu"]:
+            offset = timedelta(0)
+        else:
+            sign = -1 if match["sign"] == "-" else 1
+            offset = sign * timedelta(hours=int(match["oh"]), minutes=int(match["om"]))
+        utc = local.replace(tzinfo=timezone(offset)).astimezone(UTC)
+    except (ValueError, OverflowError):  # month 13, offset >= 24h, year 0 after conversion...
+        return None
+    # Offsets are whole minutes, so the fraction is carried over as digits, never via float: this
+    # keeps nanoseconds exact. Microsecond precision (6 digits) unless finer digits are non-zero.
+    fraction = (match["fraction"] or "").rstrip("0")
+    if fraction:
+        fraction = "." + fraction.ljust(6 if len(fraction) <= 6 else 9, "0")
+    return f"{utc.year:04d}-{utc:%m-%dT%H:%M:%S}{fraction}Z"
+
+
+def normalize_part(value: str) -> str:
+    """normalize_text, then a timestamp with an explicit offset becomes UTC ISO-8601 with "Z"."""
+    text = normalize_text(value)
+    return _utc_timestamp(text) or text
+
+
+def _folded(value: str) -> str:
+    # casefold can denormalize ("İ" -> "i" + combining dot), so re-apply NFC after it.
+    return unicodedata.normalize("NFC", value.casefold())
+
+
+def _slug(value: str) -> str:
+    return _SLUG_UNSAFE.sub("-", value)[:_SLUG_MAX]
+
+
+def derive_key(
+    source: str,
+    event_type: str,
+    external_id: str,
+    version: str | None = None,
+    *,
+    fold_external_id_case: bool = False,
+) -> str:
+    """``source_slug:event_type_slug:sha256`` for one business event.
+
+    source and event_type are case-folded; external_id keeps its case (Stripe-style ids are
+    case-sensitive) unless ``fold_external_id_case`` (e.g. e-mail addresses). A version of None
+    and one that is empty after normalization mean the same thing: "no version". Raises
+    InvalidKey if source, event_type or external_id is empty after normalization, because such
+    a key would merge every event of that type into one.
+    """
+    norm_source = _folded(normalize_part(source))
+    norm_type = _folded(normalize_part(event_type))
+    norm_id = normalize_part(external_id)
+    if fold_external_id_case:
+        norm_id = _folded(norm_id)
+    for name, part in (
+        ("source", norm_source),
+        ("event_type", norm_type),
+        ("external_id", norm_id),
+    ):
+        if not part:
+            raise InvalidKey(f"{name} is empty after normalization")
+    norm_version = normalize_part(version) if version is not None else ""
+    parts = [norm_source, norm_type, norm_id, norm_version or None]
+    encoded = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
+    return f"{_slug(norm_source)}:{_slug(norm_type)}:{_sha256(encoded)}"
+
+
+def validate_client_key(key: str) -> str:
+    """The stripped ``Idempotency-Key`` header value: 1..255 visible ASCII characters."""
+    stripped = key.strip()
+    if not stripped:
+        raise InvalidKey("Idempotency-Key is empty")
+    if len(stripped) > _CLIENT_KEY_MAX:
+        raise InvalidKey(
+            f"Idempotency-Key is {len(stripped)} characters long; at most {_CLIENT_KEY_MAX}"
+        )
+    if _CLIENT_KEY.fullmatch(stripped) is None:
+        position, char = next((i, c) for i, c in enumerate(stripped) if not "\x21" <= c <= "\x7e")
+        # Name the character by code point, never echo the key itself.
+        raise InvalidKey(
+            f"Idempotency-Key has U+{ord(char):04X} at position {position}; "
+            "only visible ASCII (0x21..0x7E) is allowed"
+        )
+    return stripped
+
+
+def mask_key(key: str) -> str:
+    """A key fit for logs: never the full key, at most the PII-free prefixes of a derived key.
+
+    ``src:type:<first 8 of digest>…`` for a derived key; ``abcd…wxyz`` for another key longer
+    than 12 characters; ``…yz`` for a shorter one.
+    """
+    derived = _DERIVED_KEY.fullmatch(key)
+    if derived is not None:
+        return f"{derived[1]}:{derived[2]}:{derived[3][:8]}{_ELLIPSIS}"
+    if len(key) > 12:
+        return f"{key[:4]}{_ELLIPSIS}{key[-4:]}"
+    return f"{_ELLIPSIS}{key[-2:]}"
+
+
+def canonical_json(value: object) -> str:
+    """One JSON text per value: sorted keys, no spaces, UTF-8 kept, NaN and Infinity refused."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def payload_hash(value: object) -> str:
+    """SHA-256 hex of the canonical JSON, to tell a replay from a different payload."""
+    return _sha256(canonical_json(value))
+
+
+def _sha256(text: str) -> str:
+    # surrogatepass: a lone surrogate from a JSON body must hash (deterministically), not crash;
+    # for every valid string this is plain UTF-8.
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

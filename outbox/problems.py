@@ -1,0 +1,63 @@
+"""Error answers as RFC 9457 problem details, each with a machine-readable `error` code.
+
+Codes are stable API: callers (n8n IF nodes, scripts) branch on them. Status codes follow the
+IETF Idempotency-Key header draft: 400 for a bad key, 422 for a key reused with another payload,
+409 for a request still in flight.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+PROBLEM_JSON = "application/problem+json"
+
+TITLES: dict[str, str] = {
+    "invalid_json": "The body is not JSON",
+    "invalid_envelope": "The event envelope is malformed",
+    "invalid_idempotency_key": "The Idempotency-Key header is not a valid key",
+    "idempotency_key_reused": "This key was used with a different payload",
+    "no_route": "No route accepts this event type",
+    "payload_too_large": "The body is larger than the configured limit",
+    "key_not_found": "No event is stored under this key",
+    "database_unavailable": "The database is unreachable; nothing was stored",
+    "not_found": "No such resource",
+    "method_not_allowed": "Method not allowed",
+    "invalid_request": "The request is malformed",
+}
+
+
+class Problem(Exception):
+    """Raised anywhere in a request to answer with a problem document."""
+
+    def __init__(
+        self,
+        status: int,
+        error: str,
+        detail: str,
+        *,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.error = error
+        self.detail = detail
+        self.headers = headers or {}
+        self.extra = extra
+
+
+def problem_response(problem: Problem) -> JSONResponse:
+    """Render a Problem as `application/problem+json`."""
+    body: dict[str, Any] = {
+        "type": f"urn:idem:error:{problem.error}",
+        "title": TITLES.get(problem.error, problem.error.replace("_", " ")),
+        "status": problem.status,
+        "detail": problem.detail,
+        "error": problem.error,
+        **problem.extra,
+    }
+    return JSONResponse(
+        body, status_code=problem.status, headers=problem.headers, media_type=PROBLEM_JSON
+    )

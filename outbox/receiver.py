@@ -1,0 +1,274 @@
+"""The HTTP API: accept events durably, answer repeats with the first answer.
+
+Nothing is published from a request: a 2xx means the key, the event and its outbox row are
+committed together, and the relay takes it from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, assert_never
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from outbox import intake, keys
+from outbox.db import create_receiver_engine
+from outbox.envelope import Envelope
+from outbox.logs import get_logger
+from outbox.problems import Problem, problem_response
+from outbox.routes import RouteTable, load_routes
+from outbox.settings import Settings, get_settings
+
+log = get_logger(__name__)
+
+TERMINAL_STATUSES = frozenset({"succeeded", "failed_final", "quarantined"})
+
+ENVELOPE_SCHEMA = Envelope.model_json_schema()
+
+
+def create_app(settings: Settings | None = None, routes: RouteTable | None = None) -> FastAPI:
+    """Build the receiver for `settings` (the environment's by default)."""
+    settings = settings or get_settings()
+    routes = routes or load_routes(settings.routes_file)
+    state: dict[str, AsyncEngine] = {}
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state["engine"] = create_receiver_engine(settings)
+        try:
+            yield
+        finally:
+            await state["engine"].dispose()
+
+    app = FastAPI(
+        title="idem gateway",
+        version="0.1.0",
+        summary="Exactly-once side effects for automation workflows.",
+        lifespan=lifespan,
+    )
+
+    @app.exception_handler(Problem)
+    async def _problem(_: Request, problem: Problem) -> JSONResponse:
+        return problem_response(problem)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "error")
+        return problem_response(Problem(error.status_code, code, str(error.detail)))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(_: Request, error: RequestValidationError) -> JSONResponse:
+        return problem_response(
+            Problem(422, "invalid_request", "The request is malformed.", errors=_fields(error))
+        )
+
+    async def database(operation: Any) -> Any:
+        """Run a database step with a bounded wait; an outage becomes a 503 with Retry-After."""
+        try:
+            async with asyncio.timeout(settings.db_timeout_seconds * 2):
+                return await operation
+        except (
+            sa_exc.OperationalError,
+            sa_exc.InterfaceError,
+            sa_exc.TimeoutError,
+            TimeoutError,
+            OSError,
+        ) as error:
+            log.warning("database.unavailable", error=type(error).__name__)
+            raise Problem(
+                503,
+                "database_unavailable",
+                "The database is unreachable; the event was not stored. Retry later.",
+                headers={"Retry-After": str(settings.unavailable_retry_after)},
+            ) from error
+
+    @app.post(
+        "/v1/events",
+        status_code=202,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": ENVELOPE_SCHEMA}},
+            },
+            "parameters": [
+                {
+                    "name": "Idempotency-Key",
+                    "in": "header",
+                    "required": False,
+                    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+                }
+            ],
+        },
+    )
+    async def post_event(request: Request) -> JSONResponse:
+        """Store an event once; repeats get the first answer (`Idempotent-Replayed: true`)."""
+        envelope = _parse_envelope(await _read_body(request, settings.max_body_bytes))
+        event_type = envelope.normalized_event_type
+        route = routes.resolve(event_type)
+        if route is None:
+            raise Problem(422, "no_route", f"No route accepts event type {event_type!r}.")
+        header_key = request.headers.get("idempotency-key")
+        if header_key is not None:
+            try:
+                key = keys.validate_client_key(header_key)
+            except keys.InvalidKey as error:
+                raise Problem(400, "invalid_idempotency_key", str(error)) from error
+        else:
+            key = envelope.derived_key(fold_external_id_case=route.fold_external_id_case)
+        event = intake.NewEvent(
+            key=key,
+            payload_hash=envelope.payload_hash(),
+            correlation_id=envelope.correlation_id or uuid.uuid4().hex,
+            source=envelope.normalized_source,
+            event_type=event_type,
+            external_id=str(envelope.external_id),
+            version=None if envelope.version is None else str(envelope.version),
+            payload=envelope.payload,
+            route=route.label,
+            ttl_seconds=route.ttl_seconds,
+            workflow_name=envelope.workflow,
+            execution_id=None if envelope.execution_id is None else str(envelope.execution_id),
+        )
+        outcome = await database(intake.accept(state["engine"], event))
+        bound = log.bind(
+            key=keys.mask_key(key), event_type=event_type, correlation_id=event.correlation_id
+        )
+        match outcome:
+            case intake.Accepted():
+                bound.info("event.accepted", transition="-> pending", route=route.label)
+                return JSONResponse(
+                    {
+                        "key": key,
+                        "status": "pending",
+                        "duplicate": False,
+                        "correlation_id": outcome.correlation_id,
+                        "event_type": event_type,
+                        "created_at": outcome.created_at.isoformat(),
+                    },
+                    status_code=202,
+                )
+            case intake.Repeated():
+                bound.info(
+                    "event.duplicate",
+                    status=outcome.status,
+                    original_correlation_id=outcome.correlation_id,
+                )
+                return JSONResponse(
+                    {
+                        "key": key,
+                        "status": outcome.status,
+                        "duplicate": True,
+                        "correlation_id": outcome.correlation_id,
+                        "event_type": event_type,
+                        "result": outcome.result,
+                        "external_ref": outcome.external_ref,
+                        "error_code": outcome.error_code,
+                        "attempts": outcome.attempts,
+                    },
+                    status_code=200 if outcome.status in TERMINAL_STATUSES else 202,
+                    headers={"Idempotent-Replayed": "true"},
+                )
+            case intake.PayloadConflict():
+                bound.warning("event.payload_conflict")
+                raise Problem(
+                    422,
+                    "idempotency_key_reused",
+                    "This key was first used with a different payload; nothing was changed.",
+                    key=key,
+                )
+            case _:
+                assert_never(outcome)
+
+    @app.get("/v1/events/{key:path}")
+    async def get_event(key: str) -> JSONResponse:
+        """The state of one key: status, attempts, result, external_ref, error_code, times."""
+        row = await database(intake.get_key(state["engine"], key))
+        if row is None:
+            raise Problem(404, "key_not_found", "No event is stored under this key.")
+        return JSONResponse(
+            {
+                "key": row["idempotency_key"],
+                "status": row["status"],
+                "attempts": row["attempts"],
+                "result": row["result"],
+                "external_ref": row["external_ref"],
+                "error_code": row["error_code"],
+                "correlation_id": row["correlation_id"],
+                "source": row["source"],
+                "event_type": row["event_type"],
+                "duplicate_count": row["duplicate_count"],
+                "created_at": _iso(row["created_at"]),
+                "updated_at": _iso(row["updated_at"]),
+                "next_attempt_at": _iso(row["next_attempt_at"]),
+                "expires_at": _iso(row["expires_at"]),
+            }
+        )
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        """The process is up (it does not look at the database)."""
+        return {"status": "ok"}
+
+    return app
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """Read at most `limit` bytes; refuse early on a declared size, and on a streamed one."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> Problem:
+    return Problem(413, "payload_too_large", f"The body exceeds {limit} bytes.", limit=limit)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_envelope(body: bytes) -> Envelope:
+    try:
+        document = json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as error:
+        raise Problem(400, "invalid_json", "The body is not a JSON document.") from error
+    try:
+        return Envelope.model_validate(document)
+    except ValidationError as error:
+        raise Problem(
+            422, "invalid_envelope", "The event envelope is malformed.", errors=_fields(error)
+        ) from error
+
+
+def _fields(error: ValidationError | RequestValidationError) -> list[dict[str, str]]:
+    """Field-level detail without echoing the caller's values (they may hold personal data)."""
+    return [
+        {
+            "field": ".".join(str(part) for part in err["loc"]) or "(body)",
+            "message": err["msg"],
+            "type": err["type"],
+        }
+        for err in error.errors()
+    ]
+
+
+def _iso(value: Any) -> str | None:
+    return None if value is None else value.isoformat()

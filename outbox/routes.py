@@ -1,0 +1,151 @@
+"""Routes: which action protects which event type, read from a TOML file.
+
+An event type matches a route exactly or by glob (`crm.*`); exact routes win, then globs in
+file order. The receiver resolves the route at accept time (its TTL sets `expires_at`, and an
+event no route accepts is refused before anything is stored); the worker runs its action.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DAY = 86_400
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _is_glob(pattern: str) -> bool:
+    return any(ch in pattern for ch in "*?[")
+
+
+class RoutesError(Exception):
+    """The routes file is missing, unreadable or invalid; the message says where."""
+
+
+class Route(BaseModel):
+    """One `[[routes]]` table of the routes file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    match: Annotated[str, Field(min_length=1)]
+    name: str = ""
+    action: Literal["noop", "http", "python"]
+    # Keys live 30 days by default: longer than any provider's redelivery window we know of.
+    ttl_days: float = Field(default=30, gt=0)
+    # External ids keep their case (Stripe ids are case-sensitive); e-mail routes may fold it.
+    fold_external_id_case: bool = False
+
+    # `http` action.
+    url: str | None = None
+    method: Literal["POST", "PUT", "PATCH"] = "POST"
+    headers: dict[str, str] = Field(default_factory=dict)
+    connect_timeout_seconds: float = Field(default=5.0, gt=0)
+    read_timeout_seconds: float = Field(default=10.0, gt=0)
+    # RFC 6901 pointer into the response JSON naming the downstream's id for the effect.
+    external_ref_pointer: str | None = None
+
+    # `python` action: "package.module:function".
+    function: str | None = None
+
+    # Retry budget for transient failures.
+    max_attempts: int = Field(default=8, ge=1)
+    backoff_base_seconds: float = Field(default=1.0, gt=0)
+    backoff_cap_seconds: float = Field(default=300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _action_has_its_settings(self) -> Route:
+        if self.action == "http" and not self.url:
+            raise ValueError("an http route needs `url`")
+        if self.action == "python" and (not self.function or ":" not in self.function):
+            raise ValueError('a python route needs `function = "package.module:function"`')
+        if self.external_ref_pointer is not None and not (
+            self.external_ref_pointer == "" or self.external_ref_pointer.startswith("/")
+        ):
+            raise ValueError('`external_ref_pointer` is a JSON pointer such as "/id"')
+        return self
+
+    @property
+    def label(self) -> str:
+        """The name logs and metrics use: the given name, else the match pattern."""
+        return self.name or self.match
+
+    @property
+    def ttl_seconds(self) -> float:
+        return self.ttl_days * DAY
+
+
+class RoutesFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    routes: list[Route] = Field(min_length=1)
+
+
+class RouteTable:
+    """The loaded routes, answering which route an event type takes."""
+
+    def __init__(self, routes: list[Route]) -> None:
+        self.routes = routes
+        self._exact = {r.match.casefold(): r for r in reversed(routes) if not _is_glob(r.match)}
+        self._globs = [r for r in routes if _is_glob(r.match)]
+        self._by_label = {r.label: r for r in reversed(routes)}
+
+    def resolve(self, event_type: str) -> Route | None:
+        """The route for a normalized event type, or None when no route accepts it."""
+        exact = self._exact.get(event_type)
+        if exact is not None:
+            return exact
+        for route in self._globs:
+            if fnmatch.fnmatchcase(event_type, route.match.casefold()):
+                return route
+        return None
+
+    def by_label(self, label: str) -> Route | None:
+        """The route an accepted key was stored with (keys remember the route's label)."""
+        return self._by_label.get(label)
+
+
+DEFAULT_ROUTES = RouteTable([Route(match="*", name="default-noop", action="noop")])
+
+
+def load_routes(path: Path | None) -> RouteTable:
+    """Read and check a routes file; with no file every event type goes to `noop`."""
+    if path is None:
+        return DEFAULT_ROUTES
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise RoutesError(f"cannot read routes file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise RoutesError(f"routes file {path} is not valid TOML: {exc}") from exc
+    try:
+        parsed = RoutesFile.model_validate(_expand_env(raw))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise RoutesError(f"routes file {path} is invalid: {problems}") from exc
+    return RouteTable(parsed.routes)
+
+
+def _expand_env(value: Any) -> Any:
+    """Replace `${NAME}` in strings with the environment's value, so secrets stay out of files."""
+    if isinstance(value, str):
+
+        def substitute(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise RoutesError(f"routes file refers to ${{{name}}}, which is not set")
+            return os.environ[name]
+
+        return _ENV_REFERENCE.sub(substitute, value)
+    if isinstance(value, dict):
+        return {k: _expand_env(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v) for v in value]
+    return value

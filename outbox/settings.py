@@ -1,0 +1,73 @@
+"""Configuration from the environment, built by a factory so tests can point at their own servers.
+
+Every knob has a default that runs on a laptop; the README's "Configuration" table lists them.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """The gateway's settings; environment variables are the upper-case field names."""
+
+    model_config = SettingsConfigDict(env_file=None, extra="ignore", frozen=True)
+
+    # Where state lives. Empty means "start embedded servers" under `idem dev`.
+    database_url: str = ""
+    redis_url: str = ""
+    data_dir: Path = Path(".idem")
+
+    routes_file: Path | None = None
+
+    # The receiver.
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # 1 MiB: large enough for any webhook body we have seen, small enough to refuse abuse early.
+    max_body_bytes: int = Field(default=1_048_576, gt=0)
+    # Told to callers in Retry-After when the database is unreachable.
+    unavailable_retry_after: int = Field(default=2, ge=1)
+    # A request never waits longer than this for a connection or a statement, so a dead
+    # database yields a quick 503 instead of a hang.
+    db_timeout_seconds: float = Field(default=3.0, gt=0)
+    db_pool_size: int = Field(default=10, ge=1)
+
+    # The relay. Polling is the fallback for a lost NOTIFY; one second bounds the extra latency.
+    relay_poll_seconds: float = Field(default=1.0, gt=0)
+    # Rows locked and published per transaction: large enough to amortise the round trips,
+    # small enough that a crash re-publishes little.
+    relay_batch_size: int = Field(default=500, ge=1, le=10_000)
+
+    # The worker. A lease long enough for a slow CRM call, short enough that a crashed
+    # worker's key is recovered within a minute.
+    lease_seconds: int = Field(default=30, ge=1)
+    worker_concurrency: int = Field(default=2, ge=1)
+    # How long the broker keeps an unacknowledged message before giving it to another
+    # worker; far above any lease so a running task is not handed out twice by Redis.
+    visibility_timeout: int = Field(default=3600, ge=1)
+
+    log_format: Literal["json", "console"] = "json"
+    log_level: str = "INFO"
+
+    def sqlalchemy_url(self) -> str:
+        """The database URL with the psycopg 3 driver named, whatever form it was given in."""
+        return sqlalchemy_url(self.database_url)
+
+
+def sqlalchemy_url(url: str) -> str:
+    """Accept `postgres://`, `postgresql://` or a full SQLAlchemy URL and name psycopg 3."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read from the environment once, on first use."""
+    return Settings()

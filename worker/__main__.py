@@ -1,0 +1,40 @@
+"""`python -m worker`: start the Celery worker with the environment's settings."""
+
+from __future__ import annotations
+
+import argparse
+
+from outbox.publisher import TASK_QUEUE
+from outbox.settings import get_settings
+from worker.app import create_worker_app
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="idem worker")
+    parser.add_argument("--concurrency", type=int, default=None)
+    parser.add_argument("--pool", default="prefork")
+    args = parser.parse_args(argv)
+    settings = get_settings()
+    app = create_worker_app(settings)
+    app.worker_main(
+        [
+            "worker",
+            "--queues",
+            TASK_QUEUE,
+            "--concurrency",
+            str(args.concurrency or settings.worker_concurrency),
+            "--pool",
+            args.pool,
+            "--loglevel",
+            settings.log_level,
+            "--hostname",
+            "idem@%h",
+            "--task-events",
+            "--without-mingle",
+            "--without-gossip",
+        ]
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Actions: the side effects keys protect. Each takes a route and a context, returns a result.
+
+An action raises `TransientError` / `PermanentError` (or lets its HTTP client's errors through)
+and the classifier decides what happens next; it never retries by itself.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from outbox.routes import Route
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """What the worker stores and every later duplicate is answered with."""
+
+    result: Any = None
+    external_ref: str | None = None
+
+
+@dataclass
+class ActionContext:
+    """What an action knows about the attempt it runs in."""
+
+    key: str
+    correlation_id: str
+    attempt: int
+    source: str
+    event_type: str
+    external_id: str
+    version: str | None
+    payload: dict[str, Any]
+    # Set when the lease is lost: a long action should stop, its result would be rejected.
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+Action = Callable[[Route, ActionContext], ActionResult]
+
+
+def get_action(route: Route) -> Action:
+    """The callable for a route's action name."""
+    from worker.actions import http, noop, python
+
+    actions: dict[str, Action] = {"noop": noop.run, "http": http.run, "python": python.run}
+    return actions[route.action]

@@ -1,0 +1,85 @@
+"""`http`: send the payload to a URL with the key in `Idempotency-Key`.
+
+2xx is success; the external reference is read from the JSON answer by the route's pointer.
+Any other answer or transport error becomes an ActionError or is left to the classifier.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import httpx
+
+from outbox.routes import Route
+from worker.actions import ActionContext, ActionResult
+from worker.errors import error_for_response
+
+# A stored result is returned to every later duplicate; large bodies are not worth keeping.
+MAX_STORED_BODY_BYTES = 65_536
+
+_client: httpx.Client | None = None
+_client_pid = 0
+
+
+def client() -> httpx.Client:
+    """One connection pool per process (rebuilt after a fork: pools must not be shared)."""
+    global _client, _client_pid
+    if _client is None or _client_pid != os.getpid():
+        _client = httpx.Client(follow_redirects=False)
+        _client_pid = os.getpid()
+    return _client
+
+
+def run(route: Route, ctx: ActionContext) -> ActionResult:
+    assert route.url is not None  # the routes file was validated
+    response = client().request(
+        route.method,
+        route.url,
+        json=ctx.payload,
+        headers={
+            **route.headers,
+            "Idempotency-Key": ctx.key,
+            "X-Correlation-ID": ctx.correlation_id,
+        },
+        timeout=httpx.Timeout(route.read_timeout_seconds, connect=route.connect_timeout_seconds),
+    )
+    error = error_for_response(response)
+    if error is not None:
+        raise error
+    body = _json_body(response)
+    external_ref = None
+    if route.external_ref_pointer is not None and body is not None:
+        found = resolve_pointer(body, route.external_ref_pointer)
+        external_ref = None if found is None else str(found)
+    stored = body if len(response.content) <= MAX_STORED_BODY_BYTES else None
+    return ActionResult(
+        result={"status_code": response.status_code, "body": stored},
+        external_ref=external_ref,
+    )
+
+
+def _json_body(response: httpx.Response) -> Any:
+    if not response.content:
+        return None
+    try:
+        return json.loads(response.content)
+    except ValueError:
+        return None
+
+
+def resolve_pointer(document: Any, pointer: str) -> Any:
+    """RFC 6901: the value at `pointer` in `document`, or None when the path is absent."""
+    if pointer == "":
+        return document
+    current = document
+    for raw in pointer.lstrip("/").split("/"):
+        token = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(current, dict) and token in current:
+            current = current[token]
+        elif isinstance(current, list) and token.isdigit() and int(token) < len(current):
+            current = current[int(token)]
+        else:
+            return None
+    return current

@@ -1,0 +1,92 @@
+"""The Celery worker: at-least-once transport, made harmless by the claim.
+
+Settings follow the known traps of Celery on Redis: JSON only; acks after the task
+(`task_acks_late`) and a rejected message when a pool process dies
+(`task_reject_on_worker_lost`), so a crash redelivers instead of losing; prefetch 1 so a dying
+process holds at most one message; events on so Flower can watch; Celery's root-logger hijack
+off so our structlog setup stays in charge. Retries never use countdown/ETA: they wait in the
+outbox.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from celery import Celery, signals
+from sqlalchemy import Engine
+
+from outbox.db import create_sync_engine
+from outbox.intake import PROCESS_TASK
+from outbox.logs import configure_logging
+from outbox.publisher import TASK_QUEUE
+from outbox.routes import RouteTable, load_routes
+from outbox.settings import Settings
+from worker.attempt import run_attempt
+from worker.store import KeyStore
+
+
+@dataclass
+class Runtime:
+    """Per-process state: built lazily after the fork, never shared between processes."""
+
+    settings: Settings
+    routes: RouteTable
+    engine: Engine | None = None
+
+    def store(self) -> KeyStore:
+        if self.engine is None:
+            # The task thread and the lease heartbeat each need a connection.
+            self.engine = create_sync_engine(self.settings, pool_size=2)
+        return KeyStore(self.engine)
+
+    def reset_after_fork(self) -> None:
+        if self.engine is not None:
+            # Connections inherited from the parent belong to it; forget them without closing.
+            self.engine.dispose(close=False)
+            self.engine = None
+
+
+def create_worker_app(settings: Settings) -> Celery:
+    """The worker's Celery app with the `idem.process` task registered."""
+    runtime = Runtime(settings=settings, routes=load_routes(settings.routes_file))
+    app = Celery("idem", broker=settings.redis_url, set_as_current=True)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        task_default_queue=TASK_QUEUE,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+    )
+
+    @app.task(name=PROCESS_TASK, ignore_result=True)  # type: ignore[untyped-decorator]
+    def process(key: str, correlation_id: str | None = None) -> str:
+        """Claim the key, run its route's action, record the outcome under the fence."""
+        structlog.contextvars.clear_contextvars()
+        if correlation_id:
+            structlog.contextvars.bind_contextvars(correlation_id=correlation_id)
+        try:
+            return run_attempt(
+                runtime.store(), runtime.routes, key, lease_seconds=settings.lease_seconds
+            )
+        finally:
+            structlog.contextvars.clear_contextvars()
+
+    @signals.worker_process_init.connect(weak=False)  # type: ignore[untyped-decorator]
+    def _after_fork(**_: Any) -> None:
+        runtime.reset_after_fork()
+
+    @signals.setup_logging.connect(weak=False)  # type: ignore[untyped-decorator]
+    def _logging(**_: Any) -> None:
+        configure_logging(settings.log_format, settings.log_level)
+
+    return app

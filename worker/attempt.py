@@ -1,0 +1,175 @@
+"""One attempt at a key, top to bottom: claim → act → record, ending in one closed outcome.
+
+The broker may deliver a message twice, late, or after another worker already finished the key;
+the claim makes all of that harmless. Recording names the fence, so an attempt that lost its
+lease records nothing (`lease_lost`).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+from dataclasses import dataclass
+from typing import assert_never
+
+import structlog
+
+from outbox import keys
+from outbox.logs import get_logger
+from outbox.routes import Route, RouteTable
+from worker.actions import ActionContext, ActionResult, get_action
+from worker.backoff import next_delay
+from worker.errors import Failure, classify
+from worker.lease import Heartbeat
+from worker.store import Blocked, Claim, KeyStore
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Succeeded:
+    result: ActionResult
+
+
+@dataclass(frozen=True)
+class RetryLater:
+    failure: Failure
+    delay: float
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    failure: Failure
+    kind: str
+
+
+Outcome = Succeeded | RetryLater | DeadLetter
+
+
+def run_attempt(
+    store: KeyStore,
+    routes: RouteTable,
+    key: str,
+    *,
+    lease_seconds: float,
+    rng: random.Random | None = None,
+) -> str:
+    """Process one delivery of `key`; returns what happened, for the task's log line."""
+    owner = f"{socket.gethostname()}:{os.getpid()}"
+    claim = store.claim(key, owner, lease_seconds)
+    if isinstance(claim, Blocked):
+        log.info(
+            "delivery.blocked",
+            key=keys.mask_key(key),
+            status=claim.status,
+            lease_live=claim.lease_live,
+        )
+        return "blocked"
+    structlog.contextvars.bind_contextvars(
+        key=keys.mask_key(key),
+        correlation_id=claim.correlation_id,
+        event_type=claim.event_type,
+        attempt=claim.attempt,
+    )
+    log.info(
+        "attempt.claimed", transition=f"{claim.previous_status} -> processing", fence=claim.fence
+    )
+    route = routes.by_label(claim.route) or routes.resolve(claim.event_type)
+    started = time.monotonic()
+    if route is None:
+        outcome: Outcome = DeadLetter(
+            Failure(False, "no_route", f"no route named {claim.route!r} is configured"),
+            "permanent",
+        )
+    else:
+        outcome = _act(store, route, claim, lease_seconds, rng or random.Random())
+    recorded = _record(store, claim, outcome)
+    elapsed_ms = round((time.monotonic() - started) * 1000, 1)
+    name = type(outcome).__name__
+    if not recorded:
+        log.warning(
+            "attempt.finished", outcome="lease_lost", attempted=name, duration_ms=elapsed_ms
+        )
+        return "lease_lost"
+    match outcome:
+        case Succeeded():
+            log.info(
+                "attempt.finished",
+                outcome="succeeded",
+                transition="processing -> succeeded",
+                duration_ms=elapsed_ms,
+                external_ref=outcome.result.external_ref,
+            )
+            return "succeeded"
+        case RetryLater():
+            log.info(
+                "attempt.finished",
+                outcome="retry",
+                transition="processing -> failed_retryable",
+                error_code=outcome.failure.error_code,
+                retry_in=round(outcome.delay, 2),
+                duration_ms=elapsed_ms,
+            )
+            return "retry"
+        case DeadLetter():
+            log.warning(
+                "attempt.finished",
+                outcome="dead_letter",
+                kind=outcome.kind,
+                transition="processing -> failed_final",
+                error_code=outcome.failure.error_code,
+                duration_ms=elapsed_ms,
+            )
+            return "dead_letter"
+        case _:
+            assert_never(outcome)
+
+
+def _act(
+    store: KeyStore, route: Route, claim: Claim, lease_seconds: float, rng: random.Random
+) -> Outcome:
+    ctx = ActionContext(
+        key=claim.key,
+        correlation_id=claim.correlation_id,
+        attempt=claim.attempt,
+        source=claim.source,
+        event_type=claim.event_type,
+        external_id=claim.external_id,
+        version=claim.version,
+        payload=claim.payload,
+    )
+    try:
+        with Heartbeat(store, claim.key, claim.fence, lease_seconds, ctx.cancelled):
+            return Succeeded(get_action(route)(route, ctx))
+    except Exception as error:
+        failure = classify(error)
+    if not failure.transient:
+        return DeadLetter(failure, "permanent")
+    if claim.attempt >= route.max_attempts:
+        return DeadLetter(failure, "retries_exhausted")
+    delay = next_delay(
+        claim.attempt,
+        failure.retry_after,
+        base=route.backoff_base_seconds,
+        cap=route.backoff_cap_seconds,
+        rng=rng,
+    )
+    return RetryLater(failure, delay)
+
+
+def _record(store: KeyStore, claim: Claim, outcome: Outcome) -> bool:
+    match outcome:
+        case Succeeded(result):
+            return store.succeed(claim.key, claim.fence, result.result, result.external_ref)
+        case RetryLater(failure, delay):
+            return store.schedule_retry(
+                claim.key, claim.fence, delay, failure.error_code, failure.detail
+            )
+        case DeadLetter(failure, kind):
+            return store.fail_final(
+                claim.key, claim.fence, kind, failure.error_code, failure.detail
+            )
+        case _:
+            assert_never(outcome)

@@ -1,0 +1,115 @@
+"""What went wrong in an action, and whether trying again can help.
+
+    Exception raised by an action or its HTTP client
+     ├── ActionError                    (raised on purpose by actions)
+     │    ├── TransientError            retry later (optionally not before `retry_after`)
+     │    └── PermanentError            retrying cannot help: dead letter now
+     ├── httpx.TimeoutException         transient: timeout_connect / timeout_read / ...
+     ├── httpx.TransportError           transient: connect_refused / connection_dropped / ...
+     └── anything else                  transient `unexpected_error` (a bug or a blip; the
+                                        attempt budget bounds it)
+
+`classify` is the one boundary where foreign errors become a `Failure`; task code never looks
+at a status code or an exception type.
+"""
+
+from __future__ import annotations
+
+import email.utils
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import httpx
+
+TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+class ActionError(Exception):
+    """Base of the errors an action raises on purpose."""
+
+    def __init__(self, error_code: str, detail: str = "") -> None:
+        super().__init__(detail or error_code)
+        self.error_code = error_code
+        self.detail = detail
+
+
+class TransientError(ActionError):
+    """Worth another attempt; `retry_after` (seconds) is the earliest the downstream wants one."""
+
+    def __init__(
+        self, error_code: str = "transient", detail: str = "", *, retry_after: float | None = None
+    ) -> None:
+        super().__init__(error_code, detail)
+        self.retry_after = retry_after
+
+
+class PermanentError(ActionError):
+    """Retrying cannot help (bad request, refused credentials, invalid data)."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A classified failure: the code goes to the key row, the logs and the metrics."""
+
+    transient: bool
+    error_code: str
+    detail: str
+    retry_after: float | None = None
+
+
+def classify(error: BaseException) -> Failure:
+    """Turn any exception from an action into a Failure."""
+    match error:
+        case TransientError():
+            return Failure(True, error.error_code, error.detail, error.retry_after)
+        case PermanentError():
+            return Failure(False, error.error_code, error.detail)
+        case httpx.ConnectTimeout():
+            return Failure(True, "timeout_connect", "connecting timed out")
+        case httpx.ReadTimeout():
+            return Failure(True, "timeout_read", "no answer within the read timeout")
+        case httpx.WriteTimeout():
+            return Failure(True, "timeout_write", "sending the request timed out")
+        case httpx.PoolTimeout():
+            return Failure(True, "timeout_pool", "no free connection in the client pool")
+        case httpx.ConnectError():
+            return Failure(True, "connect_refused", "could not connect")
+        case httpx.RemoteProtocolError() | httpx.ReadError():
+            return Failure(True, "connection_dropped", "the connection closed mid-response")
+        case httpx.TransportError():
+            return Failure(True, "transport_error", type(error).__name__)
+        case httpx.InvalidURL() | httpx.UnsupportedProtocol():
+            return Failure(False, "configuration", "the route's URL is invalid")
+        case _:
+            return Failure(True, "unexpected_error", type(error).__name__)
+
+
+def error_for_response(
+    response: httpx.Response, now: Callable[[], datetime] = lambda: datetime.now(UTC)
+) -> ActionError | None:
+    """The error a non-2xx answer stands for, or None for success."""
+    status = response.status_code
+    if 200 <= status < 300:
+        return None
+    code = f"http_{status}"
+    if status in TRANSIENT_STATUS or status >= 500:
+        retry_after = parse_retry_after(response.headers.get("retry-after"), now())
+        return TransientError(code, f"downstream answered {status}", retry_after=retry_after)
+    return PermanentError(code, f"downstream answered {status}")
+
+
+def parse_retry_after(value: str | None, now: datetime) -> float | None:
+    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP-date (RFC 9110)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - now).total_seconds())
