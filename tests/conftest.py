@@ -1,0 +1,123 @@
+"""Test servers: real PostgreSQL and Redis, each test run in its own database and Redis db.
+
+PostgreSQL: $TEST_DATABASE_ADMIN_URL, else 127.0.0.1:5432 (user postgres), else an embedded
+server from pgserver. Redis: $TEST_REDIS_URL, else db 13 of 127.0.0.1:6379, else an embedded
+redis-server on a free port. Nothing outside the test database and Redis db is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+
+from outbox import embedded
+from outbox.migrate import upgrade
+from tests.support import Downstream, Stack, libpq, write_routes
+
+TEST_REDIS_DB = 13
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A URL of a PostgreSQL where the tests may create and drop their own database."""
+    if url := os.environ.get("TEST_DATABASE_ADMIN_URL"):
+        yield url
+    elif _reachable("127.0.0.1", 5432):
+        yield "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+    else:
+        server, url = embedded.start_postgres(tmp_path_factory.mktemp("pg"))
+        yield url
+        server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def database_url(pg_admin_url: str) -> Iterator[str]:
+    """A fresh database for this test run, migrated to head, dropped at the end."""
+    name = f"idem_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(libpq(pg_admin_url), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base, _, query = pg_admin_url.partition("?")
+    url = base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
+    upgrade(url)
+    yield url
+    with psycopg.connect(libpq(pg_admin_url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[str]:
+    """The test database, emptied before the test."""
+    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
+        conn.execute("TRUNCATE idempotency_keys, events, outbox, dead_letters")
+    yield database_url
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Redis database number of our own."""
+    if url := os.environ.get("TEST_REDIS_URL"):
+        yield url
+    elif _reachable("127.0.0.1", 6379):
+        yield f"redis://127.0.0.1:6379/{TEST_REDIS_DB}"
+    else:
+        process, url = embedded.start_redis(tmp_path_factory.mktemp("redis"), appendonly=False)
+        yield url
+        process.terminate()
+        process.wait()
+
+
+@pytest.fixture
+def broker(redis_url: str) -> Iterator[redis.Redis[Any]]:
+    """The test Redis db, flushed before the test."""
+    client: redis.Redis[Any] = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def downstream() -> Iterator[Downstream]:
+    fake = Downstream()
+    server = fake.start()
+    yield fake
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="session")
+def routes_file(tmp_path_factory: pytest.TempPathFactory, downstream: Downstream) -> Path:
+    return write_routes(tmp_path_factory.mktemp("routes") / "routes.toml", downstream.url)
+
+
+@pytest.fixture(scope="session")
+def stack_session(
+    database_url: str, redis_url: str, routes_file: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """Receiver, relay and worker processes shared by the integration tests."""
+    stack = Stack(database_url, redis_url, routes_file, tmp_path_factory.mktemp("logs"))
+    stack.start_all()
+    yield stack
+    stack.stop_all()
+
+
+@pytest.fixture
+def stack(stack_session: Stack, db: str, broker: Any, downstream: Downstream) -> Stack:
+    """The shared stack over an empty database, an empty broker and a reset downstream."""
+    downstream.reset()
+    return stack_session

@@ -1,0 +1,226 @@
+"""Helpers for tests that run the real processes: servers, a fake downstream, waiting."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+
+from outbox.embedded import free_port, wait_for_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1) -> Any:
+    """Poll `condition` until it returns something truthy; fail with the last value."""
+    deadline = time.monotonic() + timeout
+    value = condition()
+    while not value:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s (last value: {value!r})")
+        time.sleep(interval)
+        value = condition()
+    return value
+
+
+def libpq(url: str) -> str:
+    """A SQLAlchemy URL as a libpq URL, for psycopg in the tests."""
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def query(database_url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
+        cur = conn.execute(sql, params)
+        return cur.fetchall() if cur.description else []
+
+
+def statuses(database_url: str) -> Counter[str]:
+    return Counter(
+        dict(query(database_url, "SELECT status, count(*) FROM idempotency_keys GROUP BY 1"))
+    )
+
+
+@dataclass
+class Downstream:
+    """A fake CRM: counts side effects per Idempotency-Key and misbehaves on demand.
+
+    `behaviour(key, attempt_no)` returns (status, headers, body) for each request; the default
+    creates the effect and answers 201 with its id.
+    """
+
+    port: int = 0
+    effects: Counter[str] = field(default_factory=Counter)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    behaviour: Callable[[str, int], tuple[int, dict[str, str], dict[str, Any]]] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.effects.clear()
+            self.requests.clear()
+            self.behaviour = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ThreadingHTTPServer:
+        downstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = json.loads(self.rfile.read(length) or b"null")
+                key = self.headers.get("idempotency-key", "")
+                with downstream.lock:
+                    seen = sum(1 for r in downstream.requests if r["key"] == key)
+                    downstream.requests.append(
+                        {"key": key, "body": body, "headers": dict(self.headers)}
+                    )
+                    behaviour = downstream.behaviour
+                status, headers, answer = behaviour(key, seen + 1) if behaviour else (201, {}, {})
+                if 200 <= status < 300:
+                    with downstream.lock:
+                        downstream.effects[key] += 1
+                    answer = {"id": f"task-{len(downstream.effects)}", **answer}
+                payload = json.dumps(answer).encode()
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        server.daemon_threads = True
+        self.port = server.server_address[1]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+
+def write_routes(path: Path, downstream_url: str) -> Path:
+    path.write_text(
+        f"""
+[[routes]]
+match = "crm.*"
+name = "crm"
+action = "http"
+url = "{downstream_url}/tasks"
+external_ref_pointer = "/id"
+read_timeout_seconds = 2
+connect_timeout_seconds = 1
+backoff_base_seconds = 0.2
+backoff_cap_seconds = 1
+
+[[routes]]
+match = "*"
+name = "default"
+action = "noop"
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+@dataclass
+class Stack:
+    """The gateway's processes (receiver, relays, workers) started as real subprocesses."""
+
+    database_url: str
+    redis_url: str
+    routes_file: Path
+    log_dir: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            DATABASE_URL=self.database_url,
+            REDIS_URL=self.redis_url,
+            ROUTES_FILE=str(self.routes_file),
+            LOG_FORMAT="json",
+            LEASE_SECONDS="5",
+            PYTHONPATH=str(ROOT),
+        )
+        env.update(self.extra_env)
+        return env
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        with (self.log_dir / f"{name}.log").open("ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, *args], env=self.env(), cwd=ROOT, stdout=log, stderr=log
+            )
+        self.processes[name] = process
+        return process
+
+    def start_receiver(self) -> None:
+        self.port = self.port or free_port()
+        process = self._spawn("receiver", ["-m", "outbox.cli", "serve", "--port", str(self.port)])
+        wait_for_port(self.port, process, timeout=20)
+
+    def start_relay(self, name: str = "relay") -> None:
+        self._spawn(name, ["-m", "outbox.cli", "relay"])
+
+    def start_worker(self, name: str = "worker", concurrency: int = 2) -> None:
+        self._spawn(name, ["-m", "worker", "--concurrency", str(concurrency)])
+
+    def start_all(self) -> Stack:
+        self.start_receiver()
+        self.start_relay()
+        self.start_worker()
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=15)
+
+    def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
+        process = self.processes.pop(name)
+        if process.poll() is None:
+            process.send_signal(sig)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def stop_all(self) -> None:
+        for name in list(self.processes):
+            self.stop(name)
+
+    def logs(self, name: str) -> str:
+        return (self.log_dir / f"{name}.log").read_text(errors="replace")
+
+
+def envelope(
+    external_id: str, event_type: str = "crm.lead.created", **extra: Any
+) -> dict[str, Any]:
+    return {
+        "source": "webform",
+        "event_type": event_type,
+        "external_id": external_id,
+        "payload": {"email": f"{external_id}@example.com", "name": "Ada"},
+        **extra,
+    }
