@@ -60,18 +60,24 @@ class Envelope(BaseModel):
             fold_external_id_case=fold_external_id_case,
         )
 
-    def payload_hash(self) -> str:
+    def payload_hash(self, *, fold_external_id_case: bool = False) -> str:
         """What a repeat must match: the business content, not per-delivery metadata.
 
-        The correlation id, workflow and execution id change from one delivery to the next
-        (an n8n re-run has a new execution id) and are left out on purpose.
+        The ids are hashed in the same normalized form the key is derived from, so two
+        spellings of one event (padding, a time zone, a folded e-mail) are one payload. The
+        correlation id, workflow and execution id change from one delivery to the next (an
+        n8n re-run has a new execution id) and are left out on purpose.
         """
+        external_id = keys.normalize_part(str(self.external_id))
+        if fold_external_id_case:
+            external_id = external_id.casefold()
+        version = None if self.version is None else keys.normalize_part(str(self.version))
         return keys.payload_hash(
             {
                 "source": self.normalized_source,
                 "event_type": self.normalized_event_type,
-                "external_id": str(self.external_id),
-                "version": None if self.version is None else str(self.version),
+                "external_id": external_id,
+                "version": version or None,
                 "payload": self.payload,
             }
         )

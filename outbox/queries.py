@@ -128,7 +128,8 @@ CLAIM_KEY: TextClause = text(
                     AND (k.next_attempt_at IS NULL OR k.next_attempt_at <= now()))
                 OR (k.status = 'processing' AND k.locked_until < now()))
         RETURNING k.idempotency_key, k.fence, k.attempts, k.correlation_id, k.route,
-                  k.event_type, k.source, k.locked_until, previous.previous_status,
+                  k.event_type, k.source, k.locked_until, k.first_failed_at,
+                  now() AS claimed_at, previous.previous_status,
                   k.error_code AS previous_error_code
     )
     SELECT c.*, e.external_id, e.version, e.payload

@@ -127,7 +127,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
             key = envelope.derived_key(fold_external_id_case=route.fold_external_id_case)
         event = intake.NewEvent(
             key=key,
-            payload_hash=envelope.payload_hash(),
+            payload_hash=envelope.payload_hash(fold_external_id_case=route.fold_external_id_case),
             correlation_id=envelope.correlation_id or uuid.uuid4().hex,
             source=envelope.normalized_source,
             event_type=event_type,

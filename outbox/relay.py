@@ -10,6 +10,7 @@ down the relay logs, backs off with jitter and keeps the rows.
 from __future__ import annotations
 
 import random
+import select
 import threading
 import time
 from typing import Any
@@ -66,17 +67,24 @@ class Listener:
         self._conn: psycopg.Connection[Any] | None = None
 
     def wait(self, timeout: float) -> None:
-        """Return on the first notification or after `timeout` seconds."""
+        """Return on the first notification or after `timeout` seconds.
+
+        A plain select() on the socket bounds the wait by the kernel's clock; libpq then reads
+        whatever arrived, and every notification that came together is consumed at once.
+        """
         timeout = max(0.0, timeout)
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=3)
                 self._conn.execute(f"LISTEN {self._channel}")
-            for _ in self._conn.notifies(timeout=timeout, stop_after=1):
-                pass
-            # Drain the burst that arrived together so one wake-up serves them all.
-            for _ in self._conn.notifies(timeout=0, stop_after=10_000):
-                pass
+            pgconn = self._conn.pgconn
+            readable, _, _ = select.select([pgconn.socket], [], [], timeout)
+            if readable:
+                pgconn.consume_input()
+                if pgconn.status != psycopg.pq.ConnStatus.OK:
+                    raise psycopg.OperationalError("listen connection lost")
+                while pgconn.notifies() is not None:
+                    pass
         except psycopg.Error:
             self.close()
             time.sleep(timeout)

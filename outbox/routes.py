@@ -57,6 +57,8 @@ class Route(BaseModel):
     max_attempts: int = Field(default=8, ge=1)
     backoff_base_seconds: float = Field(default=1.0, gt=0)
     backoff_cap_seconds: float = Field(default=300.0, gt=0)
+    # Stop retrying an hour after the first failure: past that, a person should look.
+    retry_deadline_seconds: float = Field(default=3600.0, gt=0)
 
     @model_validator(mode="after")
     def _action_has_its_settings(self) -> Route:
@@ -121,10 +123,16 @@ def load_routes(path: Path | None) -> RouteTable:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise RoutesError(f"cannot read routes file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise RoutesError(f"routes file {path} is not UTF-8: {exc.reason}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise RoutesError(f"routes file {path} is not valid TOML: {exc}") from exc
     try:
-        parsed = RoutesFile.model_validate(_expand_env(raw))
+        expanded = _expand_env(raw)
+    except RoutesError as exc:
+        raise RoutesError(f"routes file {path}: {exc}") from exc
+    try:
+        parsed = RoutesFile.model_validate(expanded)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
@@ -140,7 +148,7 @@ def _expand_env(value: Any) -> Any:
         def substitute(match: re.Match[str]) -> str:
             name = match.group(1)
             if name not in os.environ:
-                raise RoutesError(f"routes file refers to ${{{name}}}, which is not set")
+                raise RoutesError(f"${{{name}}} is referred to but not set in the environment")
             return os.environ[name]
 
         return _ENV_REFERENCE.sub(substitute, value)

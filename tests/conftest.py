@@ -2,13 +2,18 @@
 
 PostgreSQL: $TEST_DATABASE_ADMIN_URL, else 127.0.0.1:5432 (user postgres), else an embedded
 server from pgserver. Redis: $TEST_REDIS_URL, else db 13 of 127.0.0.1:6379, else an embedded
-redis-server on a free port. Nothing outside the test database and Redis db is touched.
+redis-server on a free port. TEST_EMBEDDED=1 uses the embedded servers even when local ones
+run (how the "machine with only Python" path is checked). Nothing outside the test database
+and Redis db is touched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import socket
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +31,8 @@ TEST_REDIS_DB = 13
 
 
 def _reachable(host: str, port: int) -> bool:
+    if os.environ.get("TEST_EMBEDDED") == "1":
+        return False
     try:
         with socket.create_connection((host, port), timeout=0.5):
             return True
@@ -41,23 +48,57 @@ def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     elif _reachable("127.0.0.1", 5432):
         yield "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
     else:
-        server, url = embedded.start_postgres(tmp_path_factory.mktemp("pg"))
+        # Outside pytest's temporary tree: the embedded server runs as its own system user
+        # when started by root, and pytest keeps its tree private to the current user.
+        data_dir = Path(tempfile.mkdtemp(prefix="idem-test-pg-"))
+        server, url = embedded.start_postgres(data_dir)
         yield url
         server.cleanup()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _database(admin_url: str, name: str) -> str:
+    base, _, query = admin_url.partition("?")
+    return base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
 
 
 @pytest.fixture(scope="session")
-def database_url(pg_admin_url: str) -> Iterator[str]:
-    """A fresh database for this test run, migrated to head, dropped at the end."""
-    name = f"idem_test_{uuid.uuid4().hex[:10]}"
+def template_database(pg_admin_url: str) -> Iterator[str]:
+    """A database migrated to head once per run; test databases are copies of it."""
+    name = f"idem_test_{uuid.uuid4().hex[:10]}_template"
     with psycopg.connect(libpq(pg_admin_url), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    base, _, query = pg_admin_url.partition("?")
-    url = base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
-    upgrade(url)
-    yield url
+    upgrade(_database(pg_admin_url, name))
+    yield name
     with psycopg.connect(libpq(pg_admin_url), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def _copy_of_template(admin_url: str, template: str) -> Iterator[str]:
+    name = f"idem_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(libpq(admin_url), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    try:
+        yield _database(admin_url, name)
+    finally:
+        with psycopg.connect(libpq(admin_url), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def database_url(pg_admin_url: str, template_database: str) -> Iterator[str]:
+    """The database of the shared stack, migrated to head, dropped at the end."""
+    with _copy_of_template(pg_admin_url, template_database) as url:
+        yield url
+
+
+@pytest.fixture
+def own_database(pg_admin_url: str, template_database: str) -> Iterator[str]:
+    """A database for one test that runs its own processes: the shared stack's relay and
+    workers must not see its rows."""
+    with _copy_of_template(pg_admin_url, template_database) as url:
+        yield url
 
 
 @pytest.fixture

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -224,3 +226,78 @@ def envelope(
         "payload": {"email": f"{external_id}@example.com", "name": "Ada"},
         **extra,
     }
+
+
+class TcpProxy:
+    """A TCP forwarder the test can cut and restore, to make a server unreachable without
+    touching the server itself (other tests and people may be using it)."""
+
+    def __init__(
+        self, target_port: int = 0, target_host: str = "127.0.0.1", unix_socket: str = ""
+    ) -> None:
+        self.target = (target_host, target_port)
+        self.unix_socket = unix_socket
+        self.port = free_port()
+        self._server: socket.socket | None = None
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def start(self) -> TcpProxy:
+        self._server = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, args=(self._server,), daemon=True).start()
+        return self
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            try:
+                if self.unix_socket:
+                    upstream = socket.socket(socket.AF_UNIX)
+                    try:
+                        upstream.connect(self.unix_socket)
+                    except OSError:
+                        upstream.close()
+                        raise
+                else:
+                    upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        """Refuse new connections and drop every open one."""
+        if self._server is not None:
+            # shutdown() wakes the thread blocked in accept(); close() alone would not.
+            with contextlib.suppress(OSError):
+                self._server.shutdown(socket.SHUT_RDWR)
+            self._server.close()
+            self._server = None
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def stop(self) -> None:
+        self.cut()

@@ -156,6 +156,12 @@ def _act(
         cap=route.backoff_cap_seconds,
         rng=rng,
     )
+    # The deadline runs from the first failure, on the database's clock. A retry (or a
+    # server's Retry-After) that would land past it ends the key now rather than later.
+    budget_started = claim.first_failed_at or claim.claimed_at
+    spent = (claim.claimed_at - budget_started).total_seconds()
+    if spent + delay > route.retry_deadline_seconds:
+        return DeadLetter(failure, "retries_exhausted")
     return RetryLater(failure, delay)
 
 

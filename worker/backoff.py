@@ -19,7 +19,8 @@ def next_delay(
     rng: random.Random,
 ) -> float:
     """Seconds to wait after failed attempt number `attempt` (1-based)."""
-    ceiling = min(cap, base * 2 ** max(0, attempt - 1))
+    # The exponent is bounded so a huge attempt number cannot overflow a float.
+    ceiling = min(cap, base * 2 ** min(max(0, attempt - 1), 64))
     delay = rng.uniform(0, ceiling)
     if retry_after is not None:
         delay = max(delay, retry_after)

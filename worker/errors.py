@@ -77,10 +77,12 @@ def classify(error: BaseException) -> Failure:
             return Failure(True, "connect_refused", "could not connect")
         case httpx.RemoteProtocolError() | httpx.ReadError():
             return Failure(True, "connection_dropped", "the connection closed mid-response")
-        case httpx.TransportError():
-            return Failure(True, "transport_error", type(error).__name__)
+        # Before TransportError, of which UnsupportedProtocol is a subclass: a URL that can
+        # never work is not worth a retry.
         case httpx.InvalidURL() | httpx.UnsupportedProtocol():
             return Failure(False, "configuration", "the route's URL is invalid")
+        case httpx.TransportError():
+            return Failure(True, "transport_error", type(error).__name__)
         case _:
             return Failure(True, "unexpected_error", type(error).__name__)
 
@@ -104,7 +106,7 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)

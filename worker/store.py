@@ -36,6 +36,8 @@ class Claim:
     version: str | None
     payload: dict[str, Any]
     locked_until: datetime
+    claimed_at: datetime
+    first_failed_at: datetime | None
     previous_status: str
     previous_error_code: str | None
 
@@ -75,6 +77,8 @@ class KeyStore:
                     version=row["version"],
                     payload=row["payload"],
                     locked_until=row["locked_until"],
+                    claimed_at=row["claimed_at"],
+                    first_failed_at=row["first_failed_at"],
                     previous_status=row["previous_status"],
                     previous_error_code=row["previous_error_code"],
                 )

@@ -1,0 +1,46 @@
+# One command to start (make run), one to test (make test). `make help` lists the rest.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help install run test test-slow lint format up migrate clean
+
+help: ## List the targets with what they do
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+install: $(STAMP) ## Create .venv and install the project with its test tools
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: install ## Run everything (receiver, relay, worker; embedded servers if no URLs are set)
+	$(VENV)/bin/idem dev
+
+test: install ## Run the test suite (real PostgreSQL, Redis and Celery workers; slow soaks excluded)
+	$(PY) -m pytest
+
+test-slow: install ## Run the slow soaks only
+	$(PY) -m pytest -m slow
+
+lint: install ## ruff and mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: install ## Apply ruff's fixes and formatting
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+up: ## Run the production stack with Docker Compose (needs FLOWER_PASSWORD)
+	docker compose up --build
+
+migrate: install ## Apply database migrations to DATABASE_URL
+	$(VENV)/bin/idem migrate
+
+clean: ## Remove the venv and local data (.idem/)
+	rm -rf $(VENV) .idem

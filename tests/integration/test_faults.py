@@ -1,0 +1,155 @@
+"""Faults on the event path: the broker away, the database away, two relays racing.
+
+Each server stopped here is one the test started itself, on its own port.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import redis as redis_client
+from sqlalchemy import make_url
+
+from outbox.embedded import free_port, start_redis
+from tests.support import Downstream, Stack, TcpProxy, envelope, query, wait_until
+
+
+def _succeeded(database_url: str) -> int:
+    rows = query(database_url, "SELECT count(*) FROM idempotency_keys WHERE status = 'succeeded'")
+    return int(rows[0][0])
+
+
+def test_redis_down_while_events_arrive_loses_and_doubles_nothing(
+    own_database: str, routes_file: Path, downstream: Downstream, tmp_path: Path
+) -> None:
+    """With the broker stopped, the receiver keeps answering 202; once it is back every event
+    completes, and the downstream sees exactly one effect per event."""
+    db = own_database
+    downstream.reset()
+    port = free_port()
+    redis_dir = tmp_path / "redis"
+    redis, redis_url = start_redis(redis_dir, port)
+    stack = Stack(db, redis_url, routes_file, tmp_path, extra_env={"RELAY_POLL_SECONDS": "0.2"})
+    stack.start_all()
+    try:
+        with stack.client() as client:
+            before = [client.post("/v1/events", json=envelope(f"pre-{i}")) for i in range(10)]
+            assert {a.status_code for a in before} == {202}
+            wait_until(lambda: _succeeded(db) == 10, timeout=60)
+
+            redis.terminate()
+            redis.wait(timeout=10)
+            during = [client.post("/v1/events", json=envelope(f"down-{i}")) for i in range(10)]
+            assert {a.status_code for a in during} == {202}
+            wait_until(lambda: "relay.publish_failed" in stack.logs("relay"), timeout=30)
+            unpublished = query(db, "SELECT count(*) FROM outbox WHERE published_at IS NULL")
+            assert unpublished == [(10,)]
+
+            redis, _ = start_redis(redis_dir, port)
+            wait_until(lambda: _succeeded(db) == 20, timeout=90)
+        keys = {a.json()["key"] for a in before + during}
+        assert len(keys) == 20
+        assert downstream.effects == dict.fromkeys(keys, 1)
+        assert query(db, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == [(0,)]
+    finally:
+        stack.stop_all()
+        redis.terminate()
+        redis.wait(timeout=10)
+
+
+def test_two_relays_publish_each_row_once(
+    own_database: str, routes_file: Path, tmp_path: Path
+) -> None:
+    """Two relays draining one backlog send every outbox row exactly once."""
+    db = own_database
+    rows = 3000
+    query(
+        db,
+        """
+        INSERT INTO idempotency_keys (idempotency_key, payload_hash, correlation_id, source,
+                                      event_type, route, expires_at)
+        SELECT 'k-' || g, 'h', 'c-' || g, 's', 'e', 'default', now() + interval '1 day'
+          FROM generate_series(1, %(n)s) g;
+        """,
+        {"n": rows},
+    )
+    query(
+        db,
+        "INSERT INTO outbox (idempotency_key, task_name, correlation_id)"
+        " SELECT 'k-' || g, 'idem.process', 'c-' || g FROM generate_series(1, %(n)s) g",
+        {"n": rows},
+    )
+    # A broker of our own, with no worker: the messages stay there to be counted.
+    redis, redis_url = start_redis(tmp_path / "redis", appendonly=False)
+    broker = redis_client.Redis.from_url(redis_url)
+    # Small batches so both relays take part while the backlog drains.
+    stack = Stack(db, redis_url, routes_file, tmp_path, extra_env={"RELAY_BATCH_SIZE": "25"})
+    stack.start_relay("relay-a")
+    stack.start_relay("relay-b")
+    try:
+        wait_until(
+            lambda: query(db, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == [(0,)],
+            timeout=120,
+        )
+        messages = [json.loads(m) for m in broker.lrange("idem", 0, -1)]
+    finally:
+        stack.stop_all()
+        broker.close()
+        redis.terminate()
+        redis.wait(timeout=10)
+    task_ids = Counter(m["headers"]["id"] for m in messages)
+    assert len(messages) == rows
+    assert len(task_ids) == rows and max(task_ids.values()) == 1
+    assert query(db, "SELECT max(publish_attempts), min(publish_attempts) FROM outbox") == [(1, 1)]
+
+
+def test_database_unreachable_gives_503_with_retry_after_then_recovers(
+    own_database: str, redis_url: str, routes_file: Path, tmp_path: Path
+) -> None:
+    """With the database cut off, the receiver answers 503 + Retry-After quickly and stores
+    nothing; when the database is reachable again it accepts without a restart."""
+    db = own_database
+    url = make_url(db)
+    socket_dir = url.query.get("host")
+    if isinstance(socket_dir, str):  # an embedded server listens on a Unix socket only
+        proxy = TcpProxy(unix_socket=f"{socket_dir}/.s.PGSQL.{url.port or 5432}").start()
+    else:
+        proxy = TcpProxy(url.port or 5432, url.host or "127.0.0.1").start()
+    proxied = url.set(host="127.0.0.1", port=proxy.port).difference_update_query(["host"])
+    proxied_url = proxied.render_as_string(hide_password=False)
+    stack = Stack(proxied_url, redis_url, routes_file, tmp_path)
+    stack.start_receiver()
+    try:
+        with stack.client() as client:
+            assert client.post("/v1/events", json=envelope("before")).status_code == 202
+            proxy.cut()
+            for i in range(3):
+                started = time.monotonic()
+                answer = client.post("/v1/events", json=envelope(f"during-{i}"))
+                elapsed = time.monotonic() - started
+                assert answer.status_code == 503, answer.text
+                assert answer.json()["error"] == "database_unavailable"
+                assert int(answer.headers["retry-after"]) >= 1
+                # Not a speed target: a hang would leave the caller's own timeout to fire.
+                assert elapsed < 10, elapsed
+            proxy.start()
+
+            def accepted() -> bool:
+                try:
+                    return client.post("/v1/events", json=envelope("after")).status_code in (
+                        200,
+                        202,
+                    )
+                except httpx.HTTPError:
+                    return False
+
+            wait_until(accepted, timeout=30, interval=0.5)
+    finally:
+        stack.stop_all()
+        proxy.stop()
+    stored = {r[0] for r in query(db, "SELECT e.external_id FROM events e")}
+    assert stored == {"before", "after"}
