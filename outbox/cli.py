@@ -16,6 +16,7 @@ import typer
 from outbox.logs import configure_logging, get_logger
 from outbox.routes import RoutesError, load_routes
 from outbox.settings import Settings, get_settings
+from outbox.timing import TimingError, check_timing
 
 app = typer.Typer(
     help="Exactly-once side effects for automation workflows.",
@@ -33,8 +34,8 @@ def _settings(*, need_servers: bool = True) -> Settings:
     if need_servers and not settings.redis_url:
         _fail("REDIS_URL is not set (or use `idem dev`, which starts embedded servers)")
     try:
-        load_routes(settings.routes_file)
-    except RoutesError as error:
+        check_timing(settings, load_routes(settings.routes_file))
+    except (RoutesError, TimingError) as error:
         _fail(str(error))
     return settings
 
@@ -92,6 +93,32 @@ def relay() -> None:
 
 
 @app.command()
+def sweep(
+    once: bool = typer.Option(False, "--once", help="One pass, then exit."),
+) -> None:
+    """Re-drive keys whose lease expired or whose message was lost (one sweeper acts at a time)."""
+    from outbox.db import create_sync_engine
+    from outbox.sweeper import run_sweeper, sweep_once
+
+    settings = _settings()
+    engine = create_sync_engine(settings)
+    try:
+        if once:
+            report = sweep_once(engine, settings)
+            typer.echo(
+                "another sweeper holds the lock"
+                if report is None
+                else f"leases_reclaimed={report.leases_reclaimed} redriven={report.redriven}"
+            )
+            return
+        stop = threading.Event()
+        _stop_on_signals(stop)
+        run_sweeper(settings, engine, stop)
+    finally:
+        engine.dispose()
+
+
+@app.command()
 def worker(
     concurrency: int = typer.Option(None, help="Worker processes (env WORKER_CONCURRENCY)."),
 ) -> None:
@@ -117,7 +144,8 @@ def migrate() -> None:
 def dev(
     concurrency: int = typer.Option(2, help="Worker processes."),
 ) -> None:
-    """Run everything in the foreground: migrations, receiver, relay, worker. Ctrl-C stops all.
+    """Run everything in the foreground: migrations, receiver, relay, worker, sweeper. Ctrl-C
+    stops all.
 
     With no DATABASE_URL / REDIS_URL, embedded PostgreSQL and Redis start with their data in
     DATA_DIR (default .idem/).
@@ -144,6 +172,7 @@ def dev(
         "receiver": [sys.executable, "-m", "outbox.cli", "serve"],
         "relay": [sys.executable, "-m", "outbox.cli", "relay"],
         "worker": [sys.executable, "-m", "worker", "--concurrency", str(concurrency)],
+        "sweeper": [sys.executable, "-m", "outbox.cli", "sweep"],
     }
     children = {name: subprocess.Popen(cmd, env=env) for name, cmd in commands.items()}
     log.info(

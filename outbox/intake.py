@@ -34,6 +34,8 @@ class NewEvent:
     ttl_seconds: float
     workflow_name: str | None
     execution_id: str | None
+    # Why the event breaks its route's contract; empty when it keeps it.
+    contract_violations: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Accepted:
     key: str
     correlation_id: str
     created_at: datetime
+    status: str
 
 
 @dataclass(frozen=True)
@@ -85,12 +88,21 @@ async def accept(engine: AsyncEngine, event: NewEvent) -> Outcome:
         "execution_id": event.execution_id,
         "task_name": PROCESS_TASK,
     }
+    reserve = queries.RESERVE_KEY
+    if event.contract_violations:
+        reserve = queries.RESERVE_KEY_QUARANTINED
+        params["error_detail"] = "; ".join(event.contract_violations)[:2048]
     # Two rounds cover the only race: the key purged between RESERVE and RECORD_DUPLICATE.
     for _ in range(2):
         async with engine.begin() as conn:
-            reserved = (await conn.execute(queries.RESERVE_KEY, params)).mappings().first()
+            reserved = (await conn.execute(reserve, params)).mappings().first()
             if reserved is not None:
-                return Accepted(event.key, reserved["correlation_id"], reserved["created_at"])
+                return Accepted(
+                    event.key,
+                    reserved["correlation_id"],
+                    reserved["created_at"],
+                    reserved["status"],
+                )
             repeat = (
                 (
                     await conn.execute(

@@ -40,6 +40,38 @@ RESERVE_KEY: TextClause = text(
     """
 )
 
+RESERVE_KEY_QUARANTINED: TextClause = text(
+    """
+    -- Like RESERVE_KEY for an event that breaks its route's contract: the key, the event and
+    -- a dead letter of kind quarantined in ONE statement, and no outbox row, so no action runs.
+    WITH reserved AS (
+        INSERT INTO idempotency_keys (
+            idempotency_key, status, payload_hash, correlation_id, source, event_type, route,
+            workflow_name, execution_id, error_code, error_detail, first_failed_at, expires_at
+        )
+        VALUES (
+            :key, 'quarantined', :payload_hash, :correlation_id, :source, :event_type, :route,
+            :workflow_name, :execution_id, 'contract_violation', :error_detail, now(),
+            now() + make_interval(secs => :ttl_seconds)
+        )
+        ON CONFLICT (idempotency_key) DO NOTHING
+        RETURNING idempotency_key, status, correlation_id, created_at
+    ), stored AS (
+        INSERT INTO events (idempotency_key, source, event_type, external_id, version, payload)
+        SELECT idempotency_key, :source, :event_type, :external_id, :version,
+               CAST(:payload AS jsonb)
+        FROM reserved
+    ), dead AS (
+        INSERT INTO dead_letters (idempotency_key, kind, error_code, error_detail, attempts,
+                                  first_failed_at, last_failed_at)
+        SELECT idempotency_key, 'quarantined', 'contract_violation', :error_detail, 0, now(),
+               now()
+          FROM reserved
+    )
+    SELECT idempotency_key, status, correlation_id, created_at FROM reserved
+    """
+)
+
 RECORD_DUPLICATE: TextClause = text(
     """
     -- A repeat with the same payload: count it and return the key's current state, so the
@@ -114,6 +146,8 @@ CLAIM_KEY: TextClause = text(
            SET status = 'processing',
                fence = k.fence + 1,
                attempts = k.attempts + 1,
+               reclaimed_count = k.reclaimed_count
+                   + CASE WHEN k.status = 'processing' THEN 1 ELSE 0 END,
                lease_owner = :owner,
                locked_until = now() + make_interval(secs => :lease_seconds),
                next_attempt_at = NULL,
@@ -191,11 +225,12 @@ SCHEDULE_RETRY: TextClause = text(
 
 FAIL_FINAL: TextClause = text(
     """
-    -- A permanent failure or a spent budget: the fenced status change and the dead letter an
-    -- operator will see are one statement.
+    -- A permanent failure, a spent budget or a broken contract (:final_status is failed_final
+    -- or quarantined): the fenced status change and the dead letter an operator will see are
+    -- one statement.
     WITH failed AS (
         UPDATE idempotency_keys
-           SET status = 'failed_final', error_code = :error_code, error_detail = :error_detail,
+           SET status = :final_status, error_code = :error_code, error_detail = :error_detail,
                lease_owner = NULL, locked_until = NULL, next_attempt_at = NULL,
                first_failed_at = COALESCE(first_failed_at, now()), updated_at = now()
          WHERE idempotency_key = :key AND fence = :fence AND status = 'processing'
@@ -206,5 +241,63 @@ FAIL_FINAL: TextClause = text(
     SELECT idempotency_key, :kind, :error_code, :error_detail, attempts, first_failed_at, now()
       FROM failed
     RETURNING id
+    """
+)
+
+# -- sweeper ----------------------------------------------------------------------------------
+
+TRY_SWEEPER_LOCK: TextClause = text(
+    """
+    -- One sweeper at a time: the lock is held until this transaction ends.
+    SELECT pg_try_advisory_xact_lock(:lock_id)
+    """
+)
+
+REDRIVE_EXPIRED_LEASES: TextClause = text(
+    """
+    -- Keys whose holder stopped renewing (crashed, killed, partitioned): queue a new delivery.
+    -- The next claim takes over the lease with a newer fence and reconciles first. Keys with
+    -- an unpublished or recent outbox row are left alone, so a sweep does not pile up copies.
+    WITH expired AS (
+        SELECT k.idempotency_key, k.correlation_id
+          FROM idempotency_keys k
+         WHERE k.status = 'processing' AND k.locked_until < now()
+           AND NOT EXISTS (
+               SELECT 1 FROM outbox o
+                WHERE o.idempotency_key = k.idempotency_key
+                  AND (o.published_at IS NULL
+                       OR o.created_at > now() - make_interval(secs => :grace_seconds)))
+         LIMIT :limit
+           FOR UPDATE OF k SKIP LOCKED
+    )
+    INSERT INTO outbox (idempotency_key, task_name, correlation_id)
+    SELECT idempotency_key, :task_name, correlation_id FROM expired
+    RETURNING idempotency_key
+    """
+)
+
+REDRIVE_STALLED_KEYS: TextClause = text(
+    """
+    -- Keys waiting for a delivery whose message was published but never consumed (Redis
+    -- restarted or flushed): pending or due for a retry, untouched for the grace period, and
+    -- without an unpublished or recent outbox row. Queue a new delivery.
+    WITH stalled AS (
+        SELECT k.idempotency_key, k.correlation_id
+          FROM idempotency_keys k
+         WHERE k.status IN ('pending', 'failed_retryable')
+           AND k.updated_at < now() - make_interval(secs => :grace_seconds)
+           AND (k.next_attempt_at IS NULL
+                OR k.next_attempt_at < now() - make_interval(secs => :grace_seconds))
+           AND NOT EXISTS (
+               SELECT 1 FROM outbox o
+                WHERE o.idempotency_key = k.idempotency_key
+                  AND (o.published_at IS NULL
+                       OR o.published_at > now() - make_interval(secs => :grace_seconds)))
+         LIMIT :limit
+           FOR UPDATE OF k SKIP LOCKED
+    )
+    INSERT INTO outbox (idempotency_key, task_name, correlation_id)
+    SELECT idempotency_key, :task_name, correlation_id FROM stalled
+    RETURNING idempotency_key
     """
 )

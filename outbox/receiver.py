@@ -21,7 +21,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from outbox import intake, keys
+from outbox import contract, intake, keys
 from outbox.db import create_receiver_engine
 from outbox.envelope import Envelope
 from outbox.logs import get_logger
@@ -138,6 +138,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
             ttl_seconds=route.ttl_seconds,
             workflow_name=envelope.workflow,
             execution_id=None if envelope.execution_id is None else str(envelope.execution_id),
+            contract_violations=tuple(contract.violations(route, envelope.payload)),
         )
         outcome = await database(intake.accept(state["engine"], event))
         bound = log.bind(
@@ -145,11 +146,19 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         )
         match outcome:
             case intake.Accepted():
-                bound.info("event.accepted", transition="-> pending", route=route.label)
+                if outcome.status == "quarantined":
+                    bound.warning(
+                        "event.quarantined",
+                        transition="-> quarantined",
+                        route=route.label,
+                        violations=list(event.contract_violations),
+                    )
+                else:
+                    bound.info("event.accepted", transition="-> pending", route=route.label)
                 return JSONResponse(
                     {
                         "key": key,
-                        "status": "pending",
+                        "status": outcome.status,
                         "duplicate": False,
                         "correlation_id": outcome.correlation_id,
                         "event_type": event_type,

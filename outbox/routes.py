@@ -49,9 +49,20 @@ class Route(BaseModel):
     read_timeout_seconds: float = Field(default=10.0, gt=0)
     # RFC 6901 pointer into the response JSON naming the downstream's id for the effect.
     external_ref_pointer: str | None = None
+    # Asked before acting again after an uncertain outcome: a GET whose 200 means "the effect
+    # exists" and 404 "it does not". `{key}` and `{external_id}` are filled in, URL-encoded.
+    reconcile_url: str | None = None
+    # Where the reference is in the reconcile answer; defaults to external_ref_pointer.
+    reconcile_external_ref_pointer: str | None = None
 
     # `python` action: "package.module:function".
     function: str | None = None
+    # An exception the function did not raise on purpose: retried (a blip) or not (a bug).
+    unexpected_error: Literal["transient", "permanent"] = "transient"
+
+    # Contract: events that break it are accepted, quarantined and never acted on.
+    required_fields: list[str] = Field(default_factory=list)
+    schema_file: Path | None = None
 
     # Retry budget for transient failures.
     max_attempts: int = Field(default=8, ge=1)
@@ -66,11 +77,21 @@ class Route(BaseModel):
             raise ValueError("an http route needs `url`")
         if self.action == "python" and (not self.function or ":" not in self.function):
             raise ValueError('a python route needs `function = "package.module:function"`')
-        if self.external_ref_pointer is not None and not (
-            self.external_ref_pointer == "" or self.external_ref_pointer.startswith("/")
-        ):
-            raise ValueError('`external_ref_pointer` is a JSON pointer such as "/id"')
+        for pointer in (self.external_ref_pointer, self.reconcile_external_ref_pointer):
+            if pointer is not None and not (pointer == "" or pointer.startswith("/")):
+                raise ValueError('`external_ref_pointer` is a JSON pointer such as "/id"')
+        if self.reconcile_url is not None and self.action != "http":
+            raise ValueError("`reconcile_url` belongs to an http route")
+        if self.schema_file is not None and not self.schema_file.is_file():
+            raise ValueError(f"`schema_file` {self.schema_file} does not exist")
         return self
+
+    @property
+    def action_timeout_seconds(self) -> float:
+        """The longest an http call can take (connect plus read); 0 for other actions."""
+        if self.action != "http":
+            return 0.0
+        return self.connect_timeout_seconds + self.read_timeout_seconds
 
     @property
     def label(self) -> str:

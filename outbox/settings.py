@@ -51,6 +51,13 @@ class Settings(BaseSettings):
     # worker; far above any lease so a running task is not handed out twice by Redis.
     visibility_timeout: int = Field(default=3600, ge=1)
 
+    # The sweeper: how often it looks, and how long a key may wait on a published message
+    # before the message is presumed lost (Redis restarted or flushed) and re-sent. Longer
+    # than a busy queue's wait, short enough that a lost message costs a minute, not a day.
+    sweep_interval_seconds: float = Field(default=5.0, gt=0)
+    sweep_grace_seconds: float = Field(default=60.0, ge=0)
+    sweep_batch_size: int = Field(default=500, ge=1)
+
     log_format: Literal["json", "console"] = "json"
     log_level: str = "INFO"
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
 import psycopg
@@ -55,50 +56,68 @@ def statuses(database_url: str) -> Counter[str]:
     )
 
 
+@dataclass(frozen=True)
+class Reply:
+    """How the fake downstream answers one request.
+
+    `commit` records the side effect first; `delay` waits before answering (past the client's
+    read timeout, the answer is lost); `drop` closes the connection without any answer.
+    """
+
+    status: int = 201
+    headers: dict[str, str] = field(default_factory=dict)
+    commit: bool | None = None  # None: commit exactly when the status is 2xx
+    delay: float = 0.0
+    drop: bool = False
+
+
 @dataclass
 class Downstream:
     """A fake CRM: counts side effects per Idempotency-Key and misbehaves on demand.
 
-    `behaviour(key, attempt_no)` returns (status, headers, body) for each request; the default
-    creates the effect and answers 201 with its id.
+    `behaviour(key, request_number)` returns a Reply for each POST (request_number counts the
+    POSTs seen for that key, from 1). `GET /tasks/by-key/{key}` answers 200 with the effect's id
+    when one exists, else 404: the reconcile lookup.
     """
 
     port: int = 0
     effects: Counter[str] = field(default_factory=Counter)
+    refs: dict[str, str] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
-    behaviour: Callable[[str, int], tuple[int, dict[str, str], dict[str, Any]]] | None = None
+    lookups: list[str] = field(default_factory=list)
+    behaviour: Callable[[str, int], Reply] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
         with self.lock:
             self.effects.clear()
+            self.refs.clear()
             self.requests.clear()
+            self.lookups.clear()
             self.behaviour = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def request_times(self, key: str) -> list[float]:
+        with self.lock:
+            return [r["at"] for r in self.requests if r["key"] == key]
+
+    def _commit(self, key: str) -> str:
+        with self.lock:
+            self.effects[key] += 1
+            self.refs.setdefault(key, f"task-{len(self.refs) + 1}")
+            return self.refs[key]
+
     def start(self) -> ThreadingHTTPServer:
         downstream = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("content-length") or 0)
-                body = json.loads(self.rfile.read(length) or b"null")
-                key = self.headers.get("idempotency-key", "")
-                with downstream.lock:
-                    seen = sum(1 for r in downstream.requests if r["key"] == key)
-                    downstream.requests.append(
-                        {"key": key, "body": body, "headers": dict(self.headers)}
-                    )
-                    behaviour = downstream.behaviour
-                status, headers, answer = behaviour(key, seen + 1) if behaviour else (201, {}, {})
-                if 200 <= status < 300:
-                    with downstream.lock:
-                        downstream.effects[key] += 1
-                    answer = {"id": f"task-{len(downstream.effects)}", **answer}
-                payload = json.dumps(answer).encode()
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:
+                payload = json.dumps(body).encode()
                 self.send_response(status)
                 for name, value in headers.items():
                     self.send_header(name, value)
@@ -106,6 +125,50 @@ class Downstream:
                 self.send_header("content-length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
+
+            def do_GET(self) -> None:
+                prefix = "/tasks/by-key/"
+                if not self.path.startswith(prefix):
+                    self._answer(404, {}, {})
+                    return
+                key = unquote(self.path[len(prefix) :])
+                with downstream.lock:
+                    downstream.lookups.append(key)
+                    ref = downstream.refs.get(key)
+                if ref is None:
+                    self._answer(404, {"error": "not found"}, {})
+                else:
+                    self._answer(200, {"id": ref}, {})
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = json.loads(self.rfile.read(length) or b"null")
+                key = self.headers.get("idempotency-key", "")
+                with downstream.lock:
+                    seen = sum(1 for r in downstream.requests if r["key"] == key)
+                    downstream.requests.append(
+                        {
+                            "key": key,
+                            "body": body,
+                            "headers": dict(self.headers),
+                            "at": time.monotonic(),
+                        }
+                    )
+                    behaviour = downstream.behaviour
+                reply = behaviour(key, seen + 1) if behaviour else Reply()
+                commit = (200 <= reply.status < 300) if reply.commit is None else reply.commit
+                answer: dict[str, Any] = {}
+                if commit:
+                    answer["id"] = downstream._commit(key)
+                if reply.delay:
+                    time.sleep(reply.delay)
+                if reply.drop:
+                    self.close_connection = True
+                    with contextlib.suppress(OSError):
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                with contextlib.suppress(OSError):
+                    self._answer(reply.status, answer, reply.headers)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -126,10 +189,32 @@ name = "crm"
 action = "http"
 url = "{downstream_url}/tasks"
 external_ref_pointer = "/id"
-read_timeout_seconds = 2
+reconcile_url = "{downstream_url}/tasks/by-key/{{key}}"
+read_timeout_seconds = 1
 connect_timeout_seconds = 1
 backoff_base_seconds = 0.2
 backoff_cap_seconds = 1
+max_attempts = 4
+
+[[routes]]
+match = "plain.*"
+name = "plain"
+action = "http"
+url = "{downstream_url}/tasks"
+external_ref_pointer = "/id"
+read_timeout_seconds = 1
+connect_timeout_seconds = 1
+backoff_base_seconds = 0.2
+backoff_cap_seconds = 1
+
+[[routes]]
+match = "strict.*"
+name = "strict"
+action = "http"
+url = "{downstream_url}/tasks"
+required_fields = ["email", "phone"]
+read_timeout_seconds = 1
+connect_timeout_seconds = 1
 
 [[routes]]
 match = "*"
@@ -161,6 +246,8 @@ class Stack:
             ROUTES_FILE=str(self.routes_file),
             LOG_FORMAT="json",
             LEASE_SECONDS="5",
+            SWEEP_INTERVAL_SECONDS="0.5",
+            SWEEP_GRACE_SECONDS="2",
             PYTHONPATH=str(ROOT),
         )
         env.update(self.extra_env)
@@ -184,6 +271,9 @@ class Stack:
 
     def start_worker(self, name: str = "worker", concurrency: int = 2) -> None:
         self._spawn(name, ["-m", "worker", "--concurrency", str(concurrency)])
+
+    def start_sweeper(self, name: str = "sweeper") -> None:
+        self._spawn(name, ["-m", "outbox.cli", "sweep"])
 
     def start_all(self) -> Stack:
         self.start_receiver()

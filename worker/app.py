@@ -23,6 +23,7 @@ from outbox.logs import configure_logging
 from outbox.publisher import TASK_QUEUE
 from outbox.routes import RouteTable, load_routes
 from outbox.settings import Settings
+from outbox.timing import check_timing
 from worker.attempt import run_attempt
 from worker.store import KeyStore
 
@@ -50,7 +51,9 @@ class Runtime:
 
 def create_worker_app(settings: Settings) -> Celery:
     """The worker's Celery app with the `idem.process` task registered."""
-    runtime = Runtime(settings=settings, routes=load_routes(settings.routes_file))
+    routes = load_routes(settings.routes_file)
+    check_timing(settings, routes)
+    runtime = Runtime(settings=settings, routes=routes)
     app = Celery("idem", broker=settings.redis_url, set_as_current=True)
     app.conf.update(
         task_serializer="json",

@@ -16,16 +16,21 @@ from typing import assert_never
 
 import structlog
 
-from outbox import keys
+from outbox import contract, keys
 from outbox.logs import get_logger
 from outbox.routes import Route, RouteTable
-from worker.actions import ActionContext, ActionResult, get_action
+from worker.actions import ActionContext, ActionResult, get_action, get_reconciler
 from worker.backoff import next_delay
 from worker.errors import Failure, classify
 from worker.lease import Heartbeat
 from worker.store import Blocked, Claim, KeyStore
 
 log = get_logger(__name__)
+
+# Failures after the request may have reached the downstream: the effect may exist.
+UNCERTAIN_ERROR_CODES = frozenset(
+    {"timeout_read", "timeout_write", "connection_dropped", "transport_error"}
+)
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,11 @@ def run_attempt(
                 "attempt.finished",
                 outcome="dead_letter",
                 kind=outcome.kind,
-                transition="processing -> failed_final",
+                transition=(
+                    "processing -> quarantined"
+                    if outcome.kind == "quarantined"
+                    else "processing -> failed_final"
+                ),
                 error_code=outcome.failure.error_code,
                 duration_ms=elapsed_ms,
             )
@@ -127,9 +136,19 @@ def run_attempt(
             assert_never(outcome)
 
 
+def is_uncertain(claim: Claim) -> bool:
+    """Whether an earlier attempt may have had its effect although it recorded none."""
+    return claim.previous_status == "processing" or (
+        claim.previous_error_code in UNCERTAIN_ERROR_CODES
+    )
+
+
 def _act(
     store: KeyStore, route: Route, claim: Claim, lease_seconds: float, rng: random.Random
 ) -> Outcome:
+    broken = contract.violations(route, claim.payload)
+    if broken:
+        return DeadLetter(Failure(False, "contract_violation", "; ".join(broken)), "quarantined")
     ctx = ActionContext(
         key=claim.key,
         correlation_id=claim.correlation_id,
@@ -139,9 +158,16 @@ def _act(
         external_id=claim.external_id,
         version=claim.version,
         payload=claim.payload,
+        uncertain=is_uncertain(claim),
     )
+    reconciler = get_reconciler(route) if ctx.uncertain else None
     try:
         with Heartbeat(store, claim.key, claim.fence, lease_seconds, ctx.cancelled):
+            if reconciler is not None:
+                found = reconciler(route, ctx)
+                log.info("attempt.reconciled", found=found is not None)
+                if found is not None:
+                    return Succeeded(found)
             return Succeeded(get_action(route)(route, ctx))
     except Exception as error:
         failure = classify(error)

@@ -8,6 +8,7 @@ and reports whether a row matched; a holder whose lease was taken over changes n
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -19,6 +20,16 @@ from outbox.intake import PROCESS_TASK
 
 # Error details are for people reading a dead letter, not a place to keep response bodies.
 MAX_DETAIL_CHARS = 2048
+
+_SECRETS = re.compile(
+    r"(?i)(authorization|proxy-authorization|cookie|set-cookie|x-api-key|api[_-]?key|token|"
+    r"secret|password|passwd)(\s*[:=]\s*)(bearer\s+|basic\s+)?[^\s,;&\"']+"
+)
+
+
+def redact(detail: str) -> str:
+    """Remove credentials an error message may quote (headers, query strings, key=value)."""
+    return _SECRETS.sub(lambda m: f"{m.group(1)}{m.group(2)}[redacted]", detail)
 
 
 @dataclass(frozen=True)
@@ -121,14 +132,15 @@ class KeyStore:
                     "fence": fence,
                     "delay_seconds": delay_seconds,
                     "error_code": error_code,
-                    "error_detail": detail[:MAX_DETAIL_CHARS],
+                    "error_detail": redact(detail)[:MAX_DETAIL_CHARS],
                     "task_name": PROCESS_TASK,
                 },
             ).first()
         return row is not None
 
     def fail_final(self, key: str, fence: int, kind: str, error_code: str, detail: str) -> bool:
-        """Mark failed_final and write the dead letter, atomically."""
+        """Mark failed_final (quarantined for a contract failure) and write the dead letter,
+        atomically."""
         with self.engine.begin() as conn:
             row = conn.execute(
                 queries.FAIL_FINAL,
@@ -136,8 +148,9 @@ class KeyStore:
                     "key": key,
                     "fence": fence,
                     "kind": kind,
+                    "final_status": "quarantined" if kind == "quarantined" else "failed_final",
                     "error_code": error_code,
-                    "error_detail": detail[:MAX_DETAIL_CHARS],
+                    "error_detail": redact(detail)[:MAX_DETAIL_CHARS],
                 },
             ).first()
         return row is not None

@@ -43,6 +43,8 @@ def upgrade() -> None:
             duplicate_count  integer NOT NULL DEFAULT 0,
             -- Deliveries a worker refused because the key was finished or held by a live lease.
             blocked_deliveries integer NOT NULL DEFAULT 0,
+            -- Claims that took over an expired lease (a crashed or stalled worker's key).
+            reclaimed_count  integer NOT NULL DEFAULT 0,
             created_at       timestamptz NOT NULL DEFAULT now(),
             updated_at       timestamptz NOT NULL DEFAULT now(),
             expires_at       timestamptz NOT NULL,
@@ -62,6 +64,11 @@ def upgrade() -> None:
         " WHERE status = 'processing'"
     )
     op.execute("CREATE INDEX idempotency_keys_expires_idx ON idempotency_keys (expires_at)")
+    # The sweeper's look for keys waiting on a message that may have been lost.
+    op.execute(
+        "CREATE INDEX idempotency_keys_waiting_idx ON idempotency_keys (updated_at)"
+        " WHERE status IN ('pending', 'failed_retryable')"
+    )
 
     op.execute(
         """

@@ -34,11 +34,16 @@ class ActionContext:
     external_id: str
     version: str | None
     payload: dict[str, Any]
+    # The previous attempt may have had its effect (it timed out after sending, or its worker
+    # vanished holding the lease): look before acting again.
+    uncertain: bool = False
     # Set when the lease is lost: a long action should stop, its result would be rejected.
     cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 Action = Callable[[Route, ActionContext], ActionResult]
+# Looks for the effect of an earlier attempt: its result when found, None when not.
+Reconciler = Callable[[Route, ActionContext], ActionResult | None]
 
 
 def get_action(route: Route) -> Action:
@@ -47,3 +52,12 @@ def get_action(route: Route) -> Action:
 
     actions: dict[str, Action] = {"noop": noop.run, "http": http.run, "python": python.run}
     return actions[route.action]
+
+
+def get_reconciler(route: Route) -> Reconciler | None:
+    """The route's reconcile step, if it has one (an http route with `reconcile_url`)."""
+    from worker.actions import http
+
+    if route.action == "http" and route.reconcile_url:
+        return http.reconcile
+    return None

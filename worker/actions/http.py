@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 from outbox.routes import Route
 from worker.actions import ActionContext, ActionResult
-from worker.errors import error_for_response
+from worker.errors import TransientError, error_for_response
 
 # A stored result is returned to every later duplicate; large bodies are not worth keeping.
 MAX_STORED_BODY_BYTES = 65_536
@@ -34,6 +35,8 @@ def client() -> httpx.Client:
 
 def run(route: Route, ctx: ActionContext) -> ActionResult:
     assert route.url is not None  # the routes file was validated
+    if ctx.cancelled.is_set():
+        raise TransientError("lease_lost", "the lease was lost before the request was sent")
     response = client().request(
         route.method,
         route.url,
@@ -53,11 +56,51 @@ def run(route: Route, ctx: ActionContext) -> ActionResult:
     if route.external_ref_pointer is not None and body is not None:
         found = resolve_pointer(body, route.external_ref_pointer)
         external_ref = None if found is None else str(found)
-    stored = body if len(response.content) <= MAX_STORED_BODY_BYTES else None
     return ActionResult(
-        result={"status_code": response.status_code, "body": stored},
+        result={"status_code": response.status_code, "body": _storable(response, body)},
         external_ref=external_ref,
     )
+
+
+def reconcile(route: Route, ctx: ActionContext) -> ActionResult | None:
+    """Ask the downstream whether the effect exists: 200 found, 404 not found.
+
+    Any other answer is an error like any other (a 503 here is transient, and the attempt is
+    retried later rather than risking a second effect now).
+    """
+    assert route.reconcile_url is not None
+    url = route.reconcile_url.format(
+        key=quote(ctx.key, safe=""), external_id=quote(ctx.external_id, safe="")
+    )
+    response = client().get(
+        url,
+        headers={
+            **route.headers,
+            "Idempotency-Key": ctx.key,
+            "X-Correlation-ID": ctx.correlation_id,
+        },
+        timeout=httpx.Timeout(route.read_timeout_seconds, connect=route.connect_timeout_seconds),
+    )
+    if response.status_code == 404:
+        return None
+    error = error_for_response(response)
+    if error is not None:
+        raise error
+    body = _json_body(response)
+    pointer = route.reconcile_external_ref_pointer or route.external_ref_pointer
+    found = resolve_pointer(body, pointer) if pointer is not None and body is not None else None
+    return ActionResult(
+        result={
+            "status_code": response.status_code,
+            "body": _storable(response, body),
+            "reconciled": True,
+        },
+        external_ref=None if found is None else str(found),
+    )
+
+
+def _storable(response: httpx.Response, body: Any) -> Any:
+    return body if len(response.content) <= MAX_STORED_BODY_BYTES else None
 
 
 def _json_body(response: httpx.Response) -> Any:

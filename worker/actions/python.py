@@ -13,7 +13,7 @@ from typing import Any
 
 from outbox.routes import Route
 from worker.actions import ActionContext, ActionResult
-from worker.errors import PermanentError
+from worker.errors import ActionError, PermanentError, TransientError
 
 
 @cache
@@ -30,7 +30,17 @@ def _resolve(spec: str) -> Callable[[ActionContext], Any]:
 
 def run(route: Route, ctx: ActionContext) -> ActionResult:
     assert route.function is not None  # the routes file was validated
-    value = _resolve(route.function)(ctx)
+    function = _resolve(route.function)
+    try:
+        value = function(ctx)
+    except ActionError:
+        raise
+    except Exception as error:
+        # Only the type: an exception's message may quote the payload.
+        detail = f"{route.function} raised {type(error).__name__}"
+        if route.unexpected_error == "permanent":
+            raise PermanentError("python_exception", detail) from error
+        raise TransientError("python_exception", detail) from error
     if isinstance(value, ActionResult):
         return value
     return ActionResult(result=value)

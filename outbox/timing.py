@@ -1,0 +1,49 @@
+"""Do the lease, the renewal, the action timeouts and the broker's redelivery fit together?
+
+A worker holds a key for `lease_seconds` and renews it every third of that. An http action must
+finish (connect plus read timeout) inside one lease, or the key could be taken over while the
+call is still running. Redis hands an unacknowledged message to another worker after
+`visibility_timeout`; that must be far above a lease plus its renewal, or the broker would
+redeliver a task that is still running normally. A configuration that breaks either rule is
+refused at start-up, with the values named.
+"""
+
+from __future__ import annotations
+
+from outbox.routes import RouteTable
+from outbox.settings import Settings
+
+# How far above a lease plus one renewal interval the visibility timeout must be.
+VISIBILITY_MARGIN = 2
+
+
+class TimingError(Exception):
+    """The configured timings cannot keep one holder per key; the message names the values."""
+
+
+def timing_problems(settings: Settings, routes: RouteTable) -> list[str]:
+    """Every rule the settings break, in words an operator can act on."""
+    problems = []
+    lease = settings.lease_seconds
+    renewal = lease / 3
+    needed = VISIBILITY_MARGIN * (lease + renewal)
+    if settings.visibility_timeout < needed:
+        problems.append(
+            f"VISIBILITY_TIMEOUT={settings.visibility_timeout} must be at least "
+            f"{needed:g} s ({VISIBILITY_MARGIN} x (LEASE_SECONDS={lease} + renewal {renewal:g}))"
+        )
+    for route in routes.routes:
+        if route.action_timeout_seconds >= lease:
+            problems.append(
+                f"route {route.label!r}: connect_timeout_seconds "
+                f"({route.connect_timeout_seconds:g}) + read_timeout_seconds "
+                f"({route.read_timeout_seconds:g}) must stay below LEASE_SECONDS={lease}"
+            )
+    return problems
+
+
+def check_timing(settings: Settings, routes: RouteTable) -> None:
+    """Raise TimingError naming every broken rule."""
+    problems = timing_problems(settings, routes)
+    if problems:
+        raise TimingError("timings do not fit together: " + "; ".join(problems))
