@@ -14,6 +14,7 @@ from typing import Any
 import typer
 
 from outbox.logs import configure_logging, get_logger
+from outbox.opcli import dlq_app, purge_command, replay_command, stats_command, stuck_command
 from outbox.routes import RoutesError, load_routes
 from outbox.settings import Settings, get_settings
 from outbox.timing import TimingError, check_timing
@@ -210,6 +211,13 @@ def _terminate(processes: list[subprocess.Popen[Any]], grace: float = 10.0) -> N
             process.kill()
             process.wait()
 
+
+# Operators' commands (outbox/opcli.py).
+app.add_typer(dlq_app, name="dlq")
+app.command("replay")(replay_command)
+app.command("stuck")(stuck_command)
+app.command("purge")(purge_command)
+app.command("stats")(stats_command)
 
 if __name__ == "__main__":
     app()

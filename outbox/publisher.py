@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from celery import Celery
 
+from outbox.keys import mask_key
 from outbox.settings import Settings
 
 TASK_QUEUE = "idem"
@@ -32,6 +33,8 @@ def create_publisher(settings: Settings) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_transport_options={"visibility_timeout": settings.visibility_timeout},
         task_publish_retry=False,
+        # Lets Flower show a task from the moment it was sent.
+        task_send_sent_event=True,
     )
     return app
 
@@ -51,6 +54,9 @@ def publish(app: Celery, messages: list[OutboxMessage], sent: list[int]) -> None
                 queue=TASK_QUEUE,
                 # One id per outbox row: a re-publish after a crash is recognisable in Flower.
                 task_id=f"outbox-{message.outbox_id}",
+                # What Flower and Celery's logs show: the masked key, never anything else.
+                argsrepr=repr([mask_key(message.key)]),
+                kwargsrepr=repr({"correlation_id": message.correlation_id}),
                 producer=producer,
                 retry=False,
             )

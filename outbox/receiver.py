@@ -13,18 +13,24 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, assert_never
 
+import redis
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
+from sqlalchemy import Engine
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from outbox import contract, intake, keys
-from outbox.db import create_receiver_engine
+from outbox.db import create_receiver_engine, create_sync_engine
 from outbox.envelope import Envelope
 from outbox.logs import get_logger
+from outbox.metrics import ReceiverMetrics
+from outbox.migrate import is_at_head
+from outbox.operator_api import operator_router
 from outbox.problems import Problem, problem_response
 from outbox.routes import RouteTable, load_routes
 from outbox.settings import Settings, get_settings
@@ -40,15 +46,24 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
     """Build the receiver for `settings` (the environment's by default)."""
     settings = settings or get_settings()
     routes = routes or load_routes(settings.routes_file)
-    state: dict[str, AsyncEngine] = {}
+    state: dict[str, Any] = {}
+
+    def sync_engine() -> Engine:
+        engine: Engine = state["sync_engine"]
+        return engine
+
+    metrics = ReceiverMetrics(sync_engine)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state["engine"] = create_receiver_engine(settings)
+        # Operators, metrics and readiness use the synchronous stores in the thread pool.
+        state["sync_engine"] = create_sync_engine(settings, pool_size=2)
         try:
             yield
         finally:
             await state["engine"].dispose()
+            state["sync_engine"].dispose()
 
     app = FastAPI(
         title="idem gateway",
@@ -147,6 +162,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         match outcome:
             case intake.Accepted():
                 if outcome.status == "quarantined":
+                    metrics.quarantined.inc()
                     bound.warning(
                         "event.quarantined",
                         transition="-> quarantined",
@@ -154,6 +170,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
                         violations=list(event.contract_violations),
                     )
                 else:
+                    metrics.accepted.labels(event_type).inc()
                     bound.info("event.accepted", transition="-> pending", route=route.label)
                 return JSONResponse(
                     {
@@ -167,6 +184,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
                     status_code=202,
                 )
             case intake.Repeated():
+                metrics.duplicates.inc()
                 bound.info(
                     "event.duplicate",
                     status=outcome.status,
@@ -188,6 +206,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
                     headers={"Idempotent-Replayed": "true"},
                 )
             case intake.PayloadConflict():
+                metrics.conflicts.inc()
                 bound.warning("event.payload_conflict")
                 raise Problem(
                     422,
@@ -228,7 +247,41 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         """The process is up (it does not look at the database)."""
         return {"status": "ok"}
 
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        """Ready to take events: the database answers with the schema at head, the broker
+        answers. 503 names what is not ready."""
+        checks = await run_in_threadpool(readiness, sync_engine(), settings.redis_url)
+        ready = all(checks.values())
+        return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics() -> Response:
+        """Prometheus text format."""
+        body = await run_in_threadpool(generate_latest, metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(operator_router(settings, routes, sync_engine))
+
     return app
+
+
+def readiness(engine: Engine, redis_url: str) -> dict[str, bool]:
+    """Each dependency's state: reachable database, schema at head, reachable broker."""
+    checks = {"database": False, "migrations": False, "broker": False}
+    try:
+        with engine.connect() as conn:
+            checks["database"] = True
+            checks["migrations"] = is_at_head(conn)
+    except Exception as error:
+        log.warning("readyz.database", error=type(error).__name__)
+    try:
+        client = redis.Redis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=2)
+        with client:
+            checks["broker"] = bool(client.ping())
+    except Exception as error:
+        log.warning("readyz.broker", error=type(error).__name__)
+    return checks
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

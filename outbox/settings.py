@@ -58,6 +58,15 @@ class Settings(BaseSettings):
     sweep_grace_seconds: float = Field(default=60.0, ge=0)
     sweep_batch_size: int = Field(default=500, ge=1)
 
+    # Keys older than their route's TTL are purged by the sweeper; published outbox rows are
+    # kept this long (a week answers "was it sent, and when?").
+    outbox_retention_seconds: float = Field(default=7 * 86_400, ge=0)
+
+    # The operator API's bearer token. Unset: the operator endpoints answer 503 (never open).
+    operator_token: str = ""
+    # Worker metrics (Prometheus) are served on this port by the worker's main process.
+    worker_metrics_port: int = Field(default=9808, ge=0)
+
     log_format: Literal["json", "console"] = "json"
     log_level: str = "INFO"
 

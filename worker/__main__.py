@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from outbox.publisher import TASK_QUEUE
-from outbox.settings import get_settings
-from worker.app import create_worker_app
+from worker import metrics
+
+# Before anything imports prometheus_client: pool processes write their counters there.
+metrics.prepare_directory()
+
+from outbox.logs import get_logger  # noqa: E402
+from outbox.publisher import TASK_QUEUE  # noqa: E402
+from outbox.settings import get_settings  # noqa: E402
+from worker.app import create_worker_app  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -16,6 +22,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     settings = get_settings()
     app = create_worker_app(settings)
+    if settings.worker_metrics_port:
+        served = metrics.serve(settings.worker_metrics_port)
+        get_logger("worker").info(
+            "worker.metrics", port=settings.worker_metrics_port, served=served
+        )
     app.worker_main(
         [
             "worker",

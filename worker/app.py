@@ -24,6 +24,7 @@ from outbox.publisher import TASK_QUEUE
 from outbox.routes import RouteTable, load_routes
 from outbox.settings import Settings
 from outbox.timing import check_timing
+from worker import metrics
 from worker.attempt import run_attempt
 from worker.store import KeyStore
 
@@ -87,6 +88,11 @@ def create_worker_app(settings: Settings) -> Celery:
     @signals.worker_process_init.connect(weak=False)  # type: ignore[untyped-decorator]
     def _after_fork(**_: Any) -> None:
         runtime.reset_after_fork()
+
+    @signals.worker_process_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
+    def _process_gone(pid: int | None = None, **_: Any) -> None:
+        if pid:
+            metrics.mark_process_dead(pid)
 
     @signals.setup_logging.connect(weak=False)  # type: ignore[untyped-decorator]
     def _logging(**_: Any) -> None:

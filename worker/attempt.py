@@ -22,14 +22,16 @@ from outbox.routes import Route, RouteTable
 from worker.actions import ActionContext, ActionResult, get_action, get_reconciler
 from worker.backoff import next_delay
 from worker.errors import Failure, classify
+from worker.instruments import ACTION_SECONDS, ATTEMPTS, RECONCILED
 from worker.lease import Heartbeat
 from worker.store import Blocked, Claim, KeyStore
 
 log = get_logger(__name__)
 
 # Failures after the request may have reached the downstream: the effect may exist.
+# `lease_expired` marks a key an operator replayed out of `processing`.
 UNCERTAIN_ERROR_CODES = frozenset(
-    {"timeout_read", "timeout_write", "connection_dropped", "transport_error"}
+    {"timeout_read", "timeout_write", "connection_dropped", "transport_error", "lease_expired"}
 )
 
 
@@ -71,6 +73,7 @@ def run_attempt(
             status=claim.status,
             lease_live=claim.lease_live,
         )
+        ATTEMPTS.labels("blocked", "").inc()
         return "blocked"
     structlog.contextvars.bind_contextvars(
         key=keys.mask_key(key),
@@ -91,11 +94,22 @@ def run_attempt(
     else:
         outcome = _act(store, route, claim, lease_seconds, rng or random.Random())
     recorded = _record(store, claim, outcome)
-    elapsed_ms = round((time.monotonic() - started) * 1000, 1)
-    name = type(outcome).__name__
+    elapsed = time.monotonic() - started
+    result = _log_finished(outcome, recorded, round(elapsed * 1000, 1))
+    error_code = "" if isinstance(outcome, Succeeded) else outcome.failure.error_code
+    ATTEMPTS.labels(result, error_code).inc()
+    ACTION_SECONDS.labels(claim.route).observe(elapsed)
+    return result
+
+
+def _log_finished(outcome: Outcome, recorded: bool, duration_ms: float) -> str:
+    """The attempt's one canonical log line; returns the outcome's name."""
     if not recorded:
         log.warning(
-            "attempt.finished", outcome="lease_lost", attempted=name, duration_ms=elapsed_ms
+            "attempt.finished",
+            outcome="lease_lost",
+            attempted=type(outcome).__name__,
+            duration_ms=duration_ms,
         )
         return "lease_lost"
     match outcome:
@@ -104,7 +118,7 @@ def run_attempt(
                 "attempt.finished",
                 outcome="succeeded",
                 transition="processing -> succeeded",
-                duration_ms=elapsed_ms,
+                duration_ms=duration_ms,
                 external_ref=outcome.result.external_ref,
             )
             return "succeeded"
@@ -115,21 +129,18 @@ def run_attempt(
                 transition="processing -> failed_retryable",
                 error_code=outcome.failure.error_code,
                 retry_in=round(outcome.delay, 2),
-                duration_ms=elapsed_ms,
+                duration_ms=duration_ms,
             )
             return "retry"
         case DeadLetter():
+            final = "quarantined" if outcome.kind == "quarantined" else "failed_final"
             log.warning(
                 "attempt.finished",
                 outcome="dead_letter",
                 kind=outcome.kind,
-                transition=(
-                    "processing -> quarantined"
-                    if outcome.kind == "quarantined"
-                    else "processing -> failed_final"
-                ),
+                transition=f"processing -> {final}",
                 error_code=outcome.failure.error_code,
-                duration_ms=elapsed_ms,
+                duration_ms=duration_ms,
             )
             return "dead_letter"
         case _:
@@ -165,6 +176,7 @@ def _act(
         with Heartbeat(store, claim.key, claim.fence, lease_seconds, ctx.cancelled):
             if reconciler is not None:
                 found = reconciler(route, ctx)
+                RECONCILED.labels("true" if found is not None else "false").inc()
                 log.info("attempt.reconciled", found=found is not None)
                 if found is not None:
                     return Succeeded(found)

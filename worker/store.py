@@ -8,7 +8,6 @@ and reports whether a row matched; a holder whose lease was taken over changes n
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -17,19 +16,10 @@ from sqlalchemy import Engine
 
 from outbox import queries
 from outbox.intake import PROCESS_TASK
+from outbox.redaction import redact
 
 # Error details are for people reading a dead letter, not a place to keep response bodies.
 MAX_DETAIL_CHARS = 2048
-
-_SECRETS = re.compile(
-    r"(?i)(authorization|proxy-authorization|cookie|set-cookie|x-api-key|api[_-]?key|token|"
-    r"secret|password|passwd)(\s*[:=]\s*)(bearer\s+|basic\s+)?[^\s,;&\"']+"
-)
-
-
-def redact(detail: str) -> str:
-    """Remove credentials an error message may quote (headers, query strings, key=value)."""
-    return _SECRETS.sub(lambda m: f"{m.group(1)}{m.group(2)}[redacted]", detail)
 
 
 @dataclass(frozen=True)

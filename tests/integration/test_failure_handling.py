@@ -63,9 +63,7 @@ def test_429_with_retry_after_is_retried_no_sooner_than_asked(
     stack: Stack, downstream: Downstream
 ) -> None:
     """A 429 with Retry-After: 1 is retried once, at least one second later, and succeeds."""
-    downstream.behaviour = lambda _key, n: (
-        Reply(429, {"Retry-After": "1"}) if n == 1 else Reply()
-    )
+    downstream.behaviour = lambda _key, n: Reply(429, {"Retry-After": "1"}) if n == 1 else Reply()
     key = _post(stack, envelope("rate-1", event_type="plain.lead"))["key"]
     state = _finished(stack, key)
     assert state["status"] == "succeeded"
@@ -208,9 +206,7 @@ def test_event_breaking_its_contract_is_quarantined_and_never_sent(
     names the field but none of the payload's values, and it never reaches the downstream,
     while a compliant event of the same route does, once."""
     secret_payload = {"email": "grace.hopper@example.com", "name": "Grace Brewster Hopper"}
-    answer = _post(
-        stack, envelope("strict-bad", event_type="strict.lead", payload=secret_payload)
-    )
+    answer = _post(stack, envelope("strict-bad", event_type="strict.lead", payload=secret_payload))
     bad_key = answer["key"]
     assert answer["status"] == "quarantined"
     quarantined_at = time.monotonic()
@@ -283,11 +279,14 @@ def test_flushed_redis_with_messages_in_flight_is_recovered_by_the_sweeper(
         keys = [_post(stack, envelope(f"flush-{i}"))["key"] for i in range(20)]
         assert len(set(keys)) == 20
         wait_until(
-            lambda: query(
-                db,
-                "SELECT count(DISTINCT idempotency_key) FROM outbox WHERE published_at IS NOT NULL",
-            )
-            == [(20,)],
+            lambda: (
+                query(
+                    db,
+                    "SELECT count(DISTINCT idempotency_key) FROM outbox"
+                    " WHERE published_at IS NOT NULL",
+                )
+                == [(20,)]
+            ),
             timeout=30,
         )
         assert broker.llen("idem") >= 20  # no worker yet: the messages wait in Redis
@@ -299,10 +298,10 @@ def test_flushed_redis_with_messages_in_flight_is_recovered_by_the_sweeper(
 
         stack.start_worker()
         wait_until(
-            lambda: query(
-                db, "SELECT count(*) FROM idempotency_keys WHERE status = 'succeeded'"
-            )
-            == [(20,)],
+            lambda: (
+                query(db, "SELECT count(*) FROM idempotency_keys WHERE status = 'succeeded'")
+                == [(20,)]
+            ),
             timeout=60,
             interval=0.25,
         )
@@ -342,8 +341,9 @@ def test_visibility_timeout_too_short_for_the_lease_refuses_to_start(
 ) -> None:
     """`serve` with VISIBILITY_TIMEOUT=6 and LEASE_SECONDS=5 exits with code 2, naming both."""
     # Nothing listens on these: the check must refuse before any connection is tried.
-    stack = Stack("postgresql+psycopg://idem@127.0.0.1:9/none", "redis://127.0.0.1:9/0",
-                  routes_file, tmp_path)
+    stack = Stack(
+        "postgresql+psycopg://idem@127.0.0.1:9/none", "redis://127.0.0.1:9/0", routes_file, tmp_path
+    )
     done = _run_cli(stack, "serve", LEASE_SECONDS="5", VISIBILITY_TIMEOUT="6")
     assert done.returncode == 2, done.stderr
     assert "VISIBILITY_TIMEOUT=6" in done.stderr
@@ -366,8 +366,9 @@ read_timeout_seconds = 3
 """,
         encoding="utf-8",
     )
-    stack = Stack("postgresql+psycopg://idem@127.0.0.1:9/none", "redis://127.0.0.1:9/0",
-                  routes, tmp_path)
+    stack = Stack(
+        "postgresql+psycopg://idem@127.0.0.1:9/none", "redis://127.0.0.1:9/0", routes, tmp_path
+    )
     for command in ("serve", "worker"):
         done = _run_cli(stack, command, LEASE_SECONDS="5")
         assert done.returncode == 2, (command, done.stderr)

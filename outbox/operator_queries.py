@@ -1,0 +1,222 @@
+"""The operators' statements: listing and resolving dead letters, replays, stats, purges.
+
+Optional filters are written `(:x IS NULL OR column = :x)` so each statement stays one readable
+piece of SQL with named binds. Globs arrive already turned into LIKE patterns.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, text
+
+LIST_DEAD_LETTERS: TextClause = text(
+    """
+    SELECT d.id, d.idempotency_key, d.kind, d.error_code, d.attempts, d.first_failed_at,
+           d.last_failed_at, d.resolution, d.resolved_by, d.resolved_at, d.created_at,
+           k.source, k.event_type, k.route, k.status
+      FROM dead_letters d JOIN idempotency_keys k USING (idempotency_key)
+     WHERE (CAST(:event_type_like AS text) IS NULL OR k.event_type LIKE :event_type_like)
+       AND (CAST(:source AS text) IS NULL OR k.source = :source)
+       AND (CAST(:kind AS text) IS NULL OR d.kind = :kind)
+       AND (CAST(:resolution AS text) IS NULL OR d.resolution = :resolution)
+       AND (CAST(:since AS timestamptz) IS NULL OR d.created_at >= :since)
+       AND (CAST(:until AS timestamptz) IS NULL OR d.created_at < :until)
+       AND (CAST(:before_id AS bigint) IS NULL OR d.id < :before_id)
+     ORDER BY d.id DESC
+     LIMIT :limit
+    """
+)
+
+GET_DEAD_LETTER: TextClause = text(
+    """
+    SELECT d.*, k.source, k.event_type, k.route, k.status, k.correlation_id,
+           k.attempts AS key_attempts, k.created_at AS accepted_at, k.reclaimed_count,
+           k.blocked_deliveries, k.duplicate_count, e.external_id, e.version, e.payload
+      FROM dead_letters d
+      JOIN idempotency_keys k USING (idempotency_key)
+      JOIN events e USING (idempotency_key)
+     WHERE d.id = :id
+    """
+)
+
+DEAD_LETTER_HISTORY: TextClause = text(
+    """
+    -- Every dead letter the key has had: the attempt history across replays.
+    SELECT id, kind, error_code, attempts, first_failed_at, last_failed_at, resolution,
+           resolved_by, resolved_at
+      FROM dead_letters
+     WHERE idempotency_key = :key
+     ORDER BY id
+    """
+)
+
+DISCARD_DEAD_LETTER: TextClause = text(
+    """
+    -- Only an open dead letter can be discarded; the answer says whether one was.
+    UPDATE dead_letters
+       SET resolution = 'discarded', resolved_by = :by, resolved_at = now(),
+           resolution_note = :reason
+     WHERE id = :id AND resolution = 'open'
+    RETURNING id
+    """
+)
+
+REPLAY_CANDIDATES: TextClause = text(
+    """
+    -- The keys a replay filter matches, with what decides whether each may be replayed.
+    -- Locked in the executing transaction so the set cannot change under the check.
+    SELECT k.idempotency_key, k.status, k.event_type, k.source, k.route,
+           (k.status = 'processing' AND k.locked_until >= now()) AS lease_live
+      FROM idempotency_keys k
+     WHERE (CAST(:keys AS text[]) IS NULL OR k.idempotency_key = ANY(:keys))
+       AND (CAST(:statuses AS text[]) IS NULL OR k.status = ANY(:statuses))
+       AND (CAST(:event_type_like AS text) IS NULL OR k.event_type LIKE :event_type_like)
+       AND (CAST(:source AS text) IS NULL OR k.source = :source)
+       AND (CAST(:since AS timestamptz) IS NULL OR k.updated_at >= :since)
+       AND (CAST(:until AS timestamptz) IS NULL OR k.updated_at < :until)
+     ORDER BY k.idempotency_key
+     LIMIT :limit
+    """
+)
+
+LOCK_KEYS: TextClause = text(
+    """
+    SELECT idempotency_key FROM idempotency_keys
+     WHERE idempotency_key = ANY(:keys)
+     ORDER BY idempotency_key
+       FOR UPDATE
+    """
+)
+
+RESET_FOR_REPLAY: TextClause = text(
+    """
+    -- Back to pending with a fresh attempt budget. The fence goes up so the holder of an
+    -- expired lease can no longer write; the last error code stays, so the next claim knows
+    -- whether the outcome was uncertain and reconciles first.
+    UPDATE idempotency_keys
+       SET status = 'pending', attempts = 0, fence = fence + 1, lease_owner = NULL,
+           locked_until = NULL, next_attempt_at = NULL, first_failed_at = NULL,
+           error_code = CASE WHEN status = 'processing' THEN 'lease_expired' ELSE error_code END,
+           updated_at = now()
+     WHERE idempotency_key = ANY(:keys)
+    RETURNING idempotency_key, correlation_id
+    """
+)
+
+ENQUEUE_REPLAYED: TextClause = text(
+    """
+    INSERT INTO outbox (idempotency_key, task_name, correlation_id)
+    SELECT idempotency_key, :task_name, correlation_id
+      FROM idempotency_keys WHERE idempotency_key = ANY(:keys)
+    """
+)
+
+MARK_DEAD_LETTERS_REPLAYED: TextClause = text(
+    """
+    UPDATE dead_letters
+       SET resolution = 'replayed', resolved_by = :by, resolved_at = now()
+     WHERE idempotency_key = ANY(:keys) AND resolution = 'open'
+    """
+)
+
+RECORD_REPLAY: TextClause = text(
+    """
+    INSERT INTO replays (requested_by, filter, key_count, keys)
+    VALUES (:by, CAST(:filter AS jsonb), :count, :keys)
+    RETURNING id
+    """
+)
+
+STATS_KEYS: TextClause = text(
+    """
+    SELECT status, count(*) AS keys, COALESCE(sum(duplicate_count), 0) AS duplicates,
+           COALESCE(sum(blocked_deliveries), 0) AS blocked,
+           COALESCE(sum(reclaimed_count), 0) AS reclaimed
+      FROM idempotency_keys GROUP BY status
+    """
+)
+
+STATS_OUTBOX: TextClause = text(
+    """
+    SELECT count(*) FILTER (WHERE available_at <= now()) AS due,
+           count(*) AS unpublished,
+           COALESCE(EXTRACT(EPOCH FROM now() - min(available_at)
+                            FILTER (WHERE available_at <= now())), 0) AS oldest_due_age
+      FROM outbox WHERE published_at IS NULL
+    """
+)
+
+STATS_PROCESSING: TextClause = text(
+    """
+    SELECT count(*) AS processing,
+           COALESCE(EXTRACT(EPOCH FROM now() - min(updated_at)), 0) AS oldest_age,
+           count(*) FILTER (WHERE locked_until < now()) AS lease_expired
+      FROM idempotency_keys WHERE status = 'processing'
+    """
+)
+
+STATS_DEAD_LETTERS: TextClause = text(
+    """
+    SELECT kind, count(*) AS open FROM dead_letters WHERE resolution = 'open' GROUP BY kind
+    """
+)
+
+STUCK_KEYS: TextClause = text(
+    """
+    -- Keys not finished long after their last change: a worker or broker problem to look at.
+    SELECT idempotency_key, status, event_type, attempts, updated_at,
+           EXTRACT(EPOCH FROM now() - updated_at) AS age_seconds
+      FROM idempotency_keys
+     WHERE status IN ('pending', 'processing', 'failed_retryable')
+       AND updated_at < now() - make_interval(secs => :older_than_seconds)
+       AND (status <> 'failed_retryable' OR next_attempt_at < now())
+     ORDER BY updated_at
+     LIMIT :limit
+    """
+)
+
+COUNT_PURGEABLE: TextClause = text(
+    """
+    SELECT count(*) FROM idempotency_keys k
+     WHERE k.expires_at < now() AND k.status <> 'processing'
+       AND NOT EXISTS (SELECT 1 FROM dead_letters d
+                        WHERE d.idempotency_key = k.idempotency_key AND d.resolution = 'open')
+    """
+)
+
+PURGE_EXPIRED_KEYS: TextClause = text(
+    """
+    -- Expired keys go with their event, outbox rows and resolved dead letters (cascade), a
+    -- bounded batch at a time. Never a key in processing, never one with an open dead letter.
+    WITH doomed AS (
+        SELECT k.idempotency_key FROM idempotency_keys k
+         WHERE k.expires_at < now() AND k.status <> 'processing'
+           AND NOT EXISTS (SELECT 1 FROM dead_letters d
+                            WHERE d.idempotency_key = k.idempotency_key
+                              AND d.resolution = 'open')
+         LIMIT :limit
+           FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM idempotency_keys k USING doomed
+     WHERE k.idempotency_key = doomed.idempotency_key
+    RETURNING k.idempotency_key
+    """
+)
+
+COUNT_PRUNABLE_OUTBOX: TextClause = text(
+    """
+    SELECT count(*) FROM outbox
+     WHERE published_at < now() - make_interval(secs => :retention_seconds)
+    """
+)
+
+PRUNE_PUBLISHED_OUTBOX: TextClause = text(
+    """
+    -- Published rows are history once past the retention; a bounded batch at a time.
+    DELETE FROM outbox WHERE id IN (
+        SELECT id FROM outbox
+         WHERE published_at < now() - make_interval(secs => :retention_seconds)
+         LIMIT :limit
+    )
+    RETURNING id
+    """
+)

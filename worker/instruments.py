@@ -1,0 +1,19 @@
+"""The worker's counters and histogram (created after `metrics.prepare_directory`)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+ATTEMPTS = Counter(
+    "idem_attempts",
+    "Finished attempts by outcome (succeeded, retry, dead_letter, lease_lost, blocked) and "
+    "error code (empty when none).",
+    ["outcome", "error_code"],
+)
+ACTION_SECONDS = Histogram(
+    "idem_action_seconds",
+    "Time from claim to recorded outcome, by route.",
+    ["route"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+RECONCILED = Counter("idem_reconciled", "Reconcile lookups by what they found.", ["found"])
