@@ -379,10 +379,11 @@ def _console() -> Console:
 
 def _table(headers: str, rows: Iterable[Iterable[Any]], **options: Any) -> Table:
     """A table of comma-separated `headers`; stored text is never read as rich markup."""
-    from rich.table import Table
+    from rich.table import Column, Table
     from rich.text import Text
 
-    table = Table(*headers.split(","), **options)
+    # Folded, not cut short: an id or a key in a narrow terminal must stay whole to be copied.
+    table = Table(*(Column(h, overflow="fold") for h in headers.split(",")), **options)
     for row in rows:
         table.add_row(*(Text("" if value is None else str(value)) for value in row))
     return table

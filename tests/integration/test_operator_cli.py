@@ -137,7 +137,9 @@ def add_dead_letter(
     return int(rows[0][0])
 
 
-def add_outbox(db: str, key: str, *, available_in: str = "0 s", published_ago: str | None = None):
+def add_outbox(
+    db: str, key: str, *, available_in: str = "0 s", published_ago: str | None = None
+) -> None:
     query(
         db,
         "INSERT INTO outbox (idempotency_key, task_name, correlation_id, available_at,"
@@ -470,30 +472,3 @@ def test_stats_json_matches_the_rows(own_database: str, idem: Idem) -> None:
     assert text.returncode == 0, text.stderr
     for label in ("keys by status", "failed final", "open dead letters", "leases reclaimed"):
         assert label in text.stdout
-
-
-def test_zz_show_outputs(own_database: str, idem: Idem) -> None:
-    db = own_database
-    key = add_key(
-        db, "ada", "failed_final", payload={"email": "a@x", "api_token": "t", "n": [1, 2]}
-    )
-    add_dead_letter(db, key, "retries_exhausted", resolution="replayed", error="timeout")
-    dl = add_dead_letter(db, key)
-    add_key(db, "done", "succeeded", expires_in="-1 day")
-    add_key(db, "old", "processing", age="1 hour")
-    for args in (
-        ("dlq", "list"),
-        ("dlq", "show", str(dl)),
-        ("replay", "--status", "failed_final", "--status", "processing"),
-        ("stuck", "--older-than", "5m"),
-        ("stats",),
-        ("purge", "--dry-run"),
-        ("purge", "--yes"),
-        ("replay",),
-        ("purge",),
-        ("dlq",),
-    ):
-        r = idem(*args, COLUMNS="100")
-        print("\n$ idem", " ".join(args), "->", r.returncode)
-        print(r.stdout)
-        print(r.stderr)

@@ -19,7 +19,16 @@ COMPOSE_FILE = ROOT / "compose.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 
-EXPECTED_SERVICES = {"postgres", "redis", "migrate", "receiver", "relay", "worker", "flower"}
+EXPECTED_SERVICES = {
+    "postgres",
+    "redis",
+    "migrate",
+    "receiver",
+    "relay",
+    "worker",
+    "sweeper",
+    "flower",
+}
 LONG_RUNNING_APP_SERVICES = {"receiver", "relay", "worker"}
 SHARED_ENV_KEYS = {"DATABASE_URL", "REDIS_URL", "ROUTES_FILE", "LOG_FORMAT"}
 # Where the Dockerfile puts the build context inside the image.
