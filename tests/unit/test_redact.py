@@ -66,8 +66,9 @@ def test_ordinary_text_is_untouched(detail: str) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="bug: worker/store.py _SECRETS needs the value right after [:=]; a quoted value "
-    '(password="x", token=\'x\', JSON "password": "x") is stored unredacted',
+    reason="bug: outbox/redaction.py _SECRETS_IN_TEXT (worker.store.redact) needs the value "
+    'right after [:=]; a quoted value (password="x", token=\'x\', JSON "password": "x") is '
+    "stored unredacted",
 )
 @pytest.mark.parametrize(
     ("detail", "secret"),
@@ -85,8 +86,9 @@ def test_quoted_credentials_are_redacted(detail: str, secret: str) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="bug: worker/store.py _SECRETS skips only a Bearer/Basic scheme word, so with any "
-    "other Authorization scheme the scheme is redacted and the credential after it kept",
+    reason="bug: outbox/redaction.py _SECRETS_IN_TEXT (worker.store.redact) skips only a "
+    "Bearer/Basic scheme word, so with any other Authorization scheme the scheme is redacted "
+    "and the credential after it kept",
 )
 @pytest.mark.parametrize(
     ("detail", "secret"),
