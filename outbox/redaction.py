@@ -13,16 +13,32 @@ SECRET_NAMES = re.compile(
     r"(?i)^(authorization|proxy-authorization|cookie|set-cookie|x-api-key|api[_-]?key|"
     r".*token|.*secret|password|passwd|pwd|signature|.*_key)$"
 )
-_SECRETS_IN_TEXT = re.compile(
-    r"(?i)(authorization|proxy-authorization|cookie|set-cookie|x-api-key|api[_-]?key|token|"
-    r"secret|password|passwd)(\s*[:=]\s*)(bearer\s+|basic\s+)?[^\s,;&\"']+"
+# Authorization: an optional scheme word and the credential after it.
+_AUTH_HEADERS = re.compile(
+    r"(?i)\b(authorization|proxy-authorization)"
+    r"([\"']?\s*[:=]\s*)([\"']?)((?:[a-z][\w-]*\s+)?[^\s\"',;]+)"
+)
+# Cookies: the whole value, to the end of the line.
+_COOKIE_HEADERS = re.compile(
+    r"(?i)\b(cookie|set-cookie)([\"']?\s*[:=]\s*)([\"']?)([^\"'\r\n]+)"
+)
+# name=value, name: value, "name": "value" for credential-looking names.
+_SECRET_PAIRS = re.compile(
+    r"(?i)\b([\w-]*(?:api[_-]?key|token|secret|password|passwd))"
+    r"([\"']?\s*[:=]\s*)([\"']?)([^\s,;&\"'()]+)"
 )
 MASK = "[redacted]"
 
 
 def redact(detail: str) -> str:
-    """Remove credentials a message may quote (headers, query strings, key=value)."""
-    return _SECRETS_IN_TEXT.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", detail)
+    """Remove credentials a message may quote (headers, query strings, key=value, JSON)."""
+
+    def keep_name(match: re.Match[str]) -> str:
+        return f"{match.group(1)}{match.group(2)}{match.group(3)}{MASK}"
+
+    for pattern in (_AUTH_HEADERS, _COOKIE_HEADERS, _SECRET_PAIRS):
+        detail = pattern.sub(keep_name, detail)
+    return detail
 
 
 def mask_secrets(value: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from worker import metrics
 
@@ -11,7 +12,9 @@ metrics.prepare_directory()
 
 from outbox.logs import get_logger  # noqa: E402
 from outbox.publisher import TASK_QUEUE  # noqa: E402
+from outbox.routes import RoutesError  # noqa: E402
 from outbox.settings import get_settings  # noqa: E402
+from outbox.timing import TimingError  # noqa: E402
 from worker.app import create_worker_app  # noqa: E402
 
 
@@ -21,7 +24,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pool", default="prefork")
     args = parser.parse_args(argv)
     settings = get_settings()
-    app = create_worker_app(settings)
+    try:
+        app = create_worker_app(settings)
+    except (RoutesError, TimingError) as error:
+        print(f"idem: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     if settings.worker_metrics_port:
         served = metrics.serve(settings.worker_metrics_port)
         get_logger("worker").info(

@@ -64,12 +64,6 @@ def test_ordinary_text_is_untouched(detail: str) -> None:
     assert redact(detail) == detail
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: outbox/redaction.py _SECRETS_IN_TEXT (worker.store.redact) needs the value "
-    'right after [:=]; a quoted value (password="x", token=\'x\', JSON "password": "x") is '
-    "stored unredacted",
-)
 @pytest.mark.parametrize(
     ("detail", "secret"),
     [
@@ -84,12 +78,6 @@ def test_quoted_credentials_are_redacted(detail: str, secret: str) -> None:
     assert secret not in redact(detail)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: outbox/redaction.py _SECRETS_IN_TEXT (worker.store.redact) skips only a "
-    "Bearer/Basic scheme word, so with any other Authorization scheme the scheme is redacted "
-    "and the credential after it kept",
-)
 @pytest.mark.parametrize(
     ("detail", "secret"),
     [
