@@ -104,9 +104,10 @@ RESET_FOR_REPLAY: TextClause = text(
 
 ENQUEUE_REPLAYED: TextClause = text(
     """
+    -- Keys of the claims API are driven by their workflow, not by a worker: pending is enough.
     INSERT INTO outbox (idempotency_key, task_name, correlation_id)
     SELECT idempotency_key, :task_name, correlation_id
-      FROM idempotency_keys WHERE idempotency_key = ANY(:keys)
+      FROM idempotency_keys WHERE idempotency_key = ANY(:keys) AND route <> '(claims)'
     """
 )
 
@@ -204,8 +205,16 @@ PURGE_EXPIRED_KEYS: TextClause = text(
 
 COUNT_PRUNABLE_OUTBOX: TextClause = text(
     """
-    SELECT count(*) FROM outbox
-     WHERE published_at < now() - make_interval(secs => :retention_seconds)
+    -- Rows of keys the purge removes anyway go with them (cascade) and are not counted here.
+    SELECT count(*) FROM outbox o
+     WHERE o.published_at < now() - make_interval(secs => :retention_seconds)
+       AND NOT EXISTS (
+           SELECT 1 FROM idempotency_keys k
+            WHERE k.idempotency_key = o.idempotency_key
+              AND k.expires_at < now() AND k.status <> 'processing'
+              AND NOT EXISTS (SELECT 1 FROM dead_letters d
+                               WHERE d.idempotency_key = k.idempotency_key
+                                 AND d.resolution = 'open'))
     """
 )
 

@@ -24,7 +24,8 @@ from sqlalchemy import Engine
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from outbox import contract, intake, keys
+from outbox import contract, intake, keys, signatures
+from outbox.claims_api import claims_router
 from outbox.db import create_receiver_engine, create_sync_engine
 from outbox.envelope import Envelope
 from outbox.logs import get_logger
@@ -53,6 +54,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         return engine
 
     metrics = ReceiverMetrics(sync_engine)
+    source_secrets = _source_secrets(settings, routes)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -127,7 +129,18 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
     )
     async def post_event(request: Request) -> JSONResponse:
         """Store an event once; repeats get the first answer (`Idempotent-Replayed: true`)."""
-        envelope = _parse_envelope(await _read_body(request, settings.max_body_bytes))
+        body = await _read_body(request, settings.max_body_bytes)
+        envelope = _parse_envelope(body)
+        signer = source_secrets.get(envelope.normalized_source)
+        if signer is not None:
+            signatures.verify(signer, request.headers, body)
+        elif settings.require_signed_webhooks:
+            raise Problem(
+                401,
+                "unknown_source",
+                "This source has no signing secret and unsigned events are refused. "
+                "Nothing was stored.",
+            )
         event_type = envelope.normalized_event_type
         route = routes.resolve(event_type)
         if route is None:
@@ -262,8 +275,27 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(operator_router(settings, routes, sync_engine))
+    app.include_router(claims_router(settings, lambda: state["engine"], database))
 
     return app
+
+
+def _source_secrets(settings: Settings, routes: RouteTable) -> dict[str, signatures.SourceSecret]:
+    """Signing secrets by source: WEBHOOK_SECRETS, then the routes file's [[sources]]."""
+    found = {
+        name: signatures.SourceSecret(
+            secret, tolerance_seconds=settings.signature_tolerance_seconds
+        )
+        for name, secret in signatures.parse_secrets(settings.webhook_secrets).items()
+    }
+    for name, source in routes.sources.items():
+        found[name] = signatures.SourceSecret(
+            source.secret,
+            source.signature_header,
+            source.timestamp_header,
+            source.tolerance_seconds,
+        )
+    return found
 
 
 def readiness(engine: Engine, redis_url: str) -> dict[str, bool]:

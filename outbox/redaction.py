@@ -19,9 +19,7 @@ _AUTH_HEADERS = re.compile(
     r"([\"']?\s*[:=]\s*)([\"']?)((?:[a-z][\w-]*\s+)?[^\s\"',;]+)"
 )
 # Cookies: the whole value, to the end of the line.
-_COOKIE_HEADERS = re.compile(
-    r"(?i)\b(cookie|set-cookie)([\"']?\s*[:=]\s*)([\"']?)([^\"'\r\n]+)"
-)
+_COOKIE_HEADERS = re.compile(r"(?i)\b(cookie|set-cookie)([\"']?\s*[:=]\s*)([\"']?)([^\"'\r\n]+)")
 # name=value, name: value, "name": "value" for credential-looking names.
 _SECRET_PAIRS = re.compile(
     r"(?i)\b([\w-]*(?:api[_-]?key|token|secret|password|passwd))"

@@ -103,17 +103,31 @@ class Route(BaseModel):
         return self.ttl_days * DAY
 
 
+class Source(BaseModel):
+    """A `[[sources]]` table: a webhook source that must sign its requests."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(min_length=1)]
+    secret: Annotated[str, Field(min_length=16)]
+    signature_header: str = "X-Idem-Signature"
+    timestamp_header: str = "X-Idem-Timestamp"
+    tolerance_seconds: int = Field(default=300, ge=1)
+
+
 class RoutesFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     routes: list[Route] = Field(min_length=1)
+    sources: list[Source] = Field(default_factory=list)
 
 
 class RouteTable:
     """The loaded routes, answering which route an event type takes."""
 
-    def __init__(self, routes: list[Route]) -> None:
+    def __init__(self, routes: list[Route], sources: list[Source] | None = None) -> None:
         self.routes = routes
+        self.sources = {s.name.strip().casefold(): s for s in sources or []}
         self._exact = {r.match.casefold(): r for r in reversed(routes) if not _is_glob(r.match)}
         self._globs = [r for r in routes if _is_glob(r.match)]
         self._by_label = {r.label: r for r in reversed(routes)}
@@ -159,7 +173,7 @@ def load_routes(path: Path | None) -> RouteTable:
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
         raise RoutesError(f"routes file {path} is invalid: {problems}") from exc
-    return RouteTable(parsed.routes)
+    return RouteTable(parsed.routes, parsed.sources)
 
 
 def _expand_env(value: Any) -> Any:

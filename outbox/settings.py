@@ -62,6 +62,17 @@ class Settings(BaseSettings):
     # kept this long (a week answers "was it sent, and when?").
     outbox_retention_seconds: float = Field(default=7 * 86_400, ge=0)
 
+    # Keys created through the claims API live this long (like a route's ttl_days).
+    claims_ttl_days: float = Field(default=30, gt=0)
+
+    # Signed webhooks: per-source HMAC-SHA256 secrets as "source=secret,source2=secret2"
+    # (the routes file's [[sources]] tables may set them too, with their own header names).
+    webhook_secrets: str = ""
+    # Refuse events from sources that have no secret (instead of accepting them unsigned).
+    require_signed_webhooks: bool = False
+    # How far a signature's timestamp may be from now: bounds replays of a captured request.
+    signature_tolerance_seconds: int = Field(default=300, ge=1)
+
     # The operator API's bearer token. Unset: the operator endpoints answer 503 (never open).
     operator_token: str = ""
     # Worker metrics (Prometheus) are served on this port by the worker's main process.

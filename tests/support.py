@@ -27,6 +27,7 @@ from outbox.embedded import free_port, wait_for_port
 ROOT = Path(__file__).resolve().parent.parent
 OPERATOR_TOKEN = "test-operator-token"
 AUTH = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+WEBHOOK_SECRET = "whsec_test_0123456789abcdef"
 
 
 def wait_until(condition: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1) -> Any:
@@ -252,6 +253,7 @@ class Stack:
             SWEEP_INTERVAL_SECONDS="0.5",
             SWEEP_GRACE_SECONDS="2",
             OPERATOR_TOKEN=OPERATOR_TOKEN,
+            WEBHOOK_SECRETS=f"signed={WEBHOOK_SECRET}",
             PYTHONPATH=str(ROOT),
         )
         env.update(self.extra_env)
