@@ -211,6 +211,12 @@ backoff_base_seconds = 0.2
 backoff_cap_seconds = 1
 
 [[routes]]
+match = "slow.*"
+name = "slow"
+action = "python"
+function = "tests.actions:sleep_then_succeed"
+
+[[routes]]
 match = "strict.*"
 name = "strict"
 action = "http"
