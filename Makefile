@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-slow lint format up migrate clean
+.PHONY: help install run demo test test-slow lint format up migrate clean
 
 help: ## List the targets with what they do
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml
 
 run: install ## Run everything (receiver, relay, worker; embedded servers if no URLs are set)
 	$(VENV)/bin/idem dev
+
+demo: install ## Tell the story: a lost CRM answer, a redelivery, still one task
+	$(VENV)/bin/idem demo
 
 test: install ## Run the test suite (real PostgreSQL, Redis and Celery workers; slow soaks excluded)
 	$(PY) -m pytest

@@ -199,6 +199,25 @@ def dev(
     raise typer.Exit(exit_code)
 
 
+@app.command()
+def demo() -> None:
+    """Tell the story this product was built for: a lost CRM answer, a redelivery, one task.
+
+    Starts a fake CRM and the whole gateway (embedded servers unless DATABASE_URL / REDIS_URL
+    are set), prints each step, and stops everything. Run it from the project's folder.
+    """
+    # The examples are not installed with the package: they are found from the project's folder.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        from examples.demo import main
+    except ModuleNotFoundError as error:
+        if error.name not in ("examples", "examples.demo", "examples.fake_crm"):
+            raise
+        _fail("idem demo runs from the project's folder (it uses examples/)")
+    raise typer.Exit(main())
+
+
 def _terminate(processes: list[subprocess.Popen[Any]], grace: float = 10.0) -> None:
     for process in processes:
         if process.poll() is None:

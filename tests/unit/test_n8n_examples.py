@@ -1,0 +1,486 @@
+"""Static checks of the n8n example workflows in examples/n8n (no n8n, no database needed).
+
+Gateway URLs are compared with the receiver's own OpenAPI paths; the app builds its engines
+lazily, so building it contacts nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "n8n"
+DOC = ROOT / "docs" / "n8n.md"
+
+POST_EVENT = "01-post-event.json"
+CLAIM = "02-claim-side-effect.json"
+AGENT_TOOL = "03-agent-tool.json"
+WORKFLOWS = [POST_EVENT, CLAIM, AGENT_TOOL]
+
+HTTP_REQUEST = "n8n-nodes-base.httpRequest"
+IF_NODE = "n8n-nodes-base.if"
+# Header names a workflow may send to the gateway (compared case-insensitively, as HTTP does).
+GATEWAY_HEADERS = {
+    "idempotency-key",
+    "content-type",
+    "x-idem-signature",
+    "x-idem-timestamp",
+    "authorization",
+    "x-correlation-id",
+}
+EXPRESSION = re.compile(r"\{\{.*?\}\}", re.DOTALL)
+NODE_REFERENCE = re.compile(r"""\$\(\s*(['"])(.+?)\1\s*\)""")
+PLACEHOLDER = "{}"
+
+
+def load(name: str) -> dict[str, Any]:
+    data = json.loads((EXAMPLES / name).read_text(encoding="utf-8"))
+    assert isinstance(data, dict)
+    return data
+
+
+def nodes(workflow: dict[str, Any]) -> list[dict[str, Any]]:
+    result = workflow["nodes"]
+    assert isinstance(result, list)
+    return result
+
+
+def by_name(workflow: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {node["name"]: node for node in nodes(workflow)}
+
+
+def gateway_requests(workflow: dict[str, Any]) -> list[dict[str, Any]]:
+    """HTTP Request nodes whose URL targets the gateway (its paths all start with /v1/)."""
+    return [
+        node
+        for node in nodes(workflow)
+        if node["type"] == HTTP_REQUEST and "/v1/" in str(node["parameters"].get("url", ""))
+    ]
+
+
+def url_path(url: str) -> str:
+    """The gateway path of an n8n URL, each ``{{ expression }}`` made a ``{}`` placeholder."""
+    text = url.removeprefix("=")
+    start = text.index("/v1/")
+    # Placeholders first: an expression may itself contain '?' or '/'.
+    path = EXPRESSION.sub(PLACEHOLDER, text[start:])
+    return path.split("?", 1)[0].split("#", 1)[0]
+
+
+def _segments(path: str) -> list[str]:
+    return path.strip("/").split("/")
+
+
+def path_matches(path: str, template: str) -> bool:
+    """Whether a normalised URL path fits an OpenAPI path template segment by segment.
+
+    A placeholder in the URL matches only a ``{param}`` of the template; literals must be equal.
+    """
+    ours, theirs = _segments(path), _segments(template)
+    if len(ours) != len(theirs):
+        return False
+    for mine, other in zip(ours, theirs, strict=True):
+        is_param = other.startswith("{") and other.endswith("}")
+        if PLACEHOLDER in mine or is_param:
+            if not (PLACEHOLDER in mine and is_param):
+                return False
+        elif mine != other:
+            return False
+    return True
+
+
+def method(node: dict[str, Any]) -> str:
+    return str(node["parameters"].get("method", "GET")).upper()
+
+
+def routes(workflow: dict[str, Any]) -> set[tuple[str, str]]:
+    """(method, normalised path) of every gateway request in the workflow."""
+    return {
+        (method(node), url_path(node["parameters"]["url"])) for node in gateway_requests(workflow)
+    }
+
+
+def header_names(node: dict[str, Any]) -> list[str]:
+    params = node["parameters"]
+    if not params.get("sendHeaders"):
+        return []
+    return [str(h["name"]) for h in params.get("headerParameters", {}).get("parameters", [])]
+
+
+def response_options(node: dict[str, Any]) -> dict[str, Any]:
+    options = node["parameters"].get("options", {})
+    response = options.get("response", {}).get("response", {})
+    assert isinstance(response, dict)
+    return response
+
+
+def edges(workflow: dict[str, Any]) -> list[tuple[str, str, str, int, str]]:
+    """(source, kind, target, source output index, edge type) of every connection."""
+    result = []
+    for source, kinds in workflow["connections"].items():
+        for kind, outputs in kinds.items():
+            for index, output in enumerate(outputs):
+                for edge in output:
+                    result.append((source, kind, edge["node"], index, edge["type"]))
+    return result
+
+
+def strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for item in value.values() for s in strings(item)]
+    if isinstance(value, list):
+        return [s for item in value for s in strings(item)]
+    return []
+
+
+def conditions(node: dict[str, Any]) -> list[dict[str, Any]]:
+    found = node["parameters"]["conditions"]["conditions"]
+    assert isinstance(found, list)
+    return found
+
+
+@cache
+def openapi_paths() -> dict[str, dict[str, Any]]:
+    from outbox.receiver import create_app
+    from outbox.settings import Settings
+
+    app = create_app(
+        Settings(
+            database_url="postgresql+psycopg://x@127.0.0.1/x",
+            redis_url="redis://127.0.0.1:1/0",
+        )
+    )
+    paths = app.openapi()["paths"]
+    assert isinstance(paths, dict)
+    return paths
+
+
+# ------------------------------------------------------------------------------ the helpers
+
+
+def test_url_path_turns_expressions_into_placeholders() -> None:
+    """An n8n URL loses its base-URL expression and each {{ }} segment becomes a placeholder."""
+    url = (
+        "={{ $('Config').item.json.IDEM_URL }}/v1/claims/"
+        "{{ encodeURIComponent($json.key) }}/complete?x={{ 1 }}"
+    )
+    assert url_path(url) == "/v1/claims/{}/complete"
+    assert path_matches("/v1/claims/{}/complete", "/v1/claims/{key}/complete")
+    assert not path_matches("/v1/claims/{}/complete", "/v1/claims/{key}/fail")
+    assert not path_matches("/v1/claims/complete", "/v1/claims/{key}")
+    assert not path_matches("/v1/events/{}", "/v1/events")
+
+
+# ------------------------------------------------------------------------------ every workflow
+
+
+@pytest.mark.parametrize("name", WORKFLOWS)
+def test_workflow_is_an_importable_json_object(name: str) -> None:
+    """The file is valid JSON with name, nodes, connections, v1 execution order and no pinData."""
+    workflow = load(name)
+    assert isinstance(workflow["name"], str) and workflow["name"]
+    assert isinstance(workflow["nodes"], list) and workflow["nodes"]
+    assert isinstance(workflow["connections"], dict)
+    assert workflow["settings"] == {"executionOrder": "v1"}
+    assert workflow["pinData"] == {}
+
+
+@pytest.mark.parametrize("name", WORKFLOWS)
+def test_nodes_have_the_exported_members(name: str) -> None:
+    """Every node has id, name, type, typeVersion, a two-number position and a parameters dict."""
+    for node in nodes(load(name)):
+        label = node.get("name", node)
+        assert isinstance(node.get("id"), str) and node["id"], label
+        assert isinstance(node.get("name"), str) and node["name"], label
+        assert isinstance(node.get("type"), str) and "." in node["type"], label
+        assert isinstance(node.get("typeVersion"), int | float), label
+        position = node.get("position")
+        assert isinstance(position, list) and len(position) == 2, label
+        assert all(isinstance(v, int | float) and not isinstance(v, bool) for v in position)
+        assert isinstance(node.get("parameters"), dict), label
+
+
+@pytest.mark.parametrize("name", WORKFLOWS)
+def test_node_names_and_ids_are_unique(name: str) -> None:
+    """No two nodes share a name (connections are keyed by name) or an id."""
+    all_nodes = nodes(load(name))
+    names = [node["name"] for node in all_nodes]
+    ids = [node["id"] for node in all_nodes]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize("name", WORKFLOWS)
+def test_connections_name_existing_nodes(name: str) -> None:
+    """Every connection's source and target is a node of the workflow, with a matching type."""
+    workflow = load(name)
+    names = set(by_name(workflow))
+    found = edges(workflow)
+    assert found
+    for source, kind, target, _, edge_type in found:
+        assert source in names, f"connection from unknown node {source!r}"
+        assert target in names, f"connection from {source!r} to unknown node {target!r}"
+        assert edge_type == kind, (source, target)
+
+
+@pytest.mark.parametrize("name", WORKFLOWS)
+def test_every_non_note_node_is_connected(name: str) -> None:
+    """No node except sticky notes is left dangling outside the graph."""
+    workflow = load(name)
+    touched = {s for s, *_ in edges(workflow)} | {t for _, _, t, *_ in edges(workflow)}
+    loose = [
+        node["name"]
+        for node in nodes(workflow)
+        if node["type"] != "n8n-nodes-base.stickyNote" and node["name"] not in touched
+    ]
+    assert loose == []
+
+
+@pytest.mark.parametrize("name", WORKFLOWS)
+def test_expressions_are_marked_and_reference_existing_nodes(name: str) -> None:
+    """A parameter using {{ }} starts with '=' (or n8n sends it literally); $('X') names a node."""
+    workflow = load(name)
+    names = set(by_name(workflow))
+    for node in nodes(workflow):
+        if node["type"] == "n8n-nodes-base.stickyNote":
+            continue
+        for text in strings(node["parameters"]):
+            if "{{" in text:
+                assert text.startswith("="), (node["name"], text)
+            for _, referenced in NODE_REFERENCE.findall(text):
+                assert referenced in names, (node["name"], referenced)
+
+
+@pytest.mark.parametrize("name", WORKFLOWS)
+def test_if_nodes_use_the_v2_condition_shape(name: str) -> None:
+    """IF nodes are typeVersion 2 with typed conditions joined by and/or and two outputs at most."""
+    workflow = load(name)
+    outputs = {s: kinds for s, kinds in workflow["connections"].items()}
+    for node in nodes(workflow):
+        if node["type"] != IF_NODE:
+            continue
+        assert node["typeVersion"] == 2, node["name"]
+        assert node["parameters"]["conditions"]["combinator"] in {"and", "or"}
+        for condition in conditions(node):
+            assert {"id", "leftValue", "rightValue", "operator"} <= set(condition)
+            assert {"type", "operation"} <= set(condition["operator"])
+            assert str(condition["leftValue"]).startswith("=")
+        assert len(outputs.get(node["name"], {}).get("main", [])) <= 2, node["name"]
+
+
+@pytest.mark.parametrize("name", WORKFLOWS)
+def test_gateway_paths_exist_in_the_api(name: str) -> None:
+    """Every gateway URL (with /v1/) matches an OpenAPI path of the receiver, method included."""
+    paths = openapi_paths()
+    requests = gateway_requests(load(name))
+    assert requests
+    for node in requests:
+        path = url_path(node["parameters"]["url"])
+        templates = [t for t in paths if path_matches(path, t)]
+        assert templates, f"{node['name']}: {path} is not an API path; API has {sorted(paths)}"
+        allowed = {m.upper() for t in templates for m in paths[t]}
+        assert method(node) in allowed, f"{node['name']}: {method(node)} {path} not in {allowed}"
+
+
+@pytest.mark.parametrize("name", WORKFLOWS)
+def test_gateway_header_names_are_known(name: str) -> None:
+    """Headers sent to the gateway are ones it knows: Idempotency-Key, Content-Type, signing."""
+    for node in gateway_requests(load(name)):
+        for header in header_names(node):
+            assert header.lower() in GATEWAY_HEADERS, (node["name"], header)
+
+
+@pytest.mark.parametrize("name", WORKFLOWS)
+def test_gateway_requests_never_error_and_retry_transport_errors_only(name: str) -> None:
+    """Gateway calls return every status to an IF (Never Error, full response) and retry on fail."""
+    workflow = load(name)
+    targets: dict[str, set[str]] = {}
+    for source, kind, target, _, _ in edges(workflow):
+        if kind == "main":
+            targets.setdefault(source, set()).add(target)
+    types = {n["name"]: n["type"] for n in nodes(workflow)}
+    for node in gateway_requests(workflow):
+        response = response_options(node)
+        assert response.get("neverError") is True, node["name"]
+        assert response.get("fullResponse") is True, node["name"]
+        assert node.get("retryOnFail") is True, node["name"]
+        assert 1 < int(node.get("maxTries", 3)) <= 5, node["name"]
+        assert int(node.get("waitBetweenTries", 1000)) <= 5000, node["name"]
+        if node["parameters"].get("sendBody"):
+            assert node["parameters"].get("specifyBody") == "json", node["name"]
+            assert "Content-Type" in header_names(node), node["name"]
+        assert targets.get(node["name"]), f"{node['name']} must lead somewhere"
+        # The answer is inspected: straight into an IF, or into a node that reads its status.
+        for target in targets[node["name"]]:
+            assert types[target] in {
+                IF_NODE,
+                "n8n-nodes-base.respondToWebhook",
+                "n8n-nodes-base.set",
+            }, (node["name"], target)
+
+
+# ------------------------------------------------------------------------------ (a) post event
+
+
+def test_post_event_sends_the_provider_event_id_as_idempotency_key() -> None:
+    """The webhook's event id is the Idempotency-Key of a POST /v1/events with a JSON envelope."""
+    workflow = load(POST_EVENT)
+    types = {node["type"] for node in nodes(workflow)}
+    assert "n8n-nodes-base.webhook" in types
+    webhook = next(n for n in nodes(workflow) if n["type"] == "n8n-nodes-base.webhook")
+    assert webhook["typeVersion"] == 2
+    assert webhook["parameters"]["responseMode"] == "responseNode"
+    (post,) = gateway_requests(workflow)
+    assert (method(post), url_path(post["parameters"]["url"])) == ("POST", "/v1/events")
+    headers = {h["name"]: h["value"] for h in post["parameters"]["headerParameters"]["parameters"]}
+    assert "body.id" in headers["Idempotency-Key"]
+    assert headers["Idempotency-Key"].startswith("=")
+    body = post["parameters"]["jsonBody"]
+    for member in ("source", "event_type", "external_id", "payload", "workflow", "execution_id"):
+        assert f"{member}:" in body, member
+
+
+def test_post_event_has_retry_on_fail_and_never_error() -> None:
+    """The event POST retries transport errors and hands every HTTP status to the workflow."""
+    (post,) = gateway_requests(load(POST_EVENT))
+    assert post["retryOnFail"] is True
+    assert response_options(post) == {"fullResponse": True, "neverError": True}
+
+
+def test_post_event_branches_on_status_and_answers_problems() -> None:
+    """An IF on statusCode 200/202 continues; the other branch answers the caller the status."""
+    workflow = load(POST_EVENT)
+    named = by_name(workflow)
+    (post,) = gateway_requests(workflow)
+    (first,) = [t for s, k, t, _, _ in edges(workflow) if s == post["name"] and k == "main"]
+    check = named[first]
+    assert check["type"] == IF_NODE
+    assert check["parameters"]["conditions"]["combinator"] == "or"
+    expected = {200, 202}
+    assert {c["rightValue"] for c in conditions(check)} == expected
+    assert all("statusCode" in c["leftValue"] for c in conditions(check))
+    # Follow the false output: every path ends in a Respond to Webhook passing the status through.
+    false_targets = [t for s, _, t, i, _ in edges(workflow) if s == first and i == 1]
+    assert false_targets
+    reached: set[str] = set()
+    todo = list(false_targets)
+    while todo:
+        current = todo.pop()
+        if current in reached:
+            continue
+        reached.add(current)
+        todo += [t for s, _, t, _, _ in edges(workflow) if s == current]
+    responders = [named[n] for n in reached if named[n]["type"].endswith("respondToWebhook")]
+    assert responders
+    codes = " ".join(str(r["parameters"]["options"]["responseCode"]) for r in responders)
+    assert "statusCode" in codes
+    assert any(
+        h["name"] == "Retry-After"
+        for r in responders
+        for h in r["parameters"]["options"].get("responseHeaders", {}).get("entries", [])
+    )
+
+
+# ------------------------------------------------------------------------------ (b) claim
+
+
+def test_claim_workflow_claims_and_completes() -> None:
+    """The claim workflow posts to /v1/claims and to /v1/claims/{key}/complete and /fail."""
+    found = routes(load(CLAIM))
+    assert ("POST", "/v1/claims") in found
+    assert ("POST", "/v1/claims/{}/complete") in found
+    assert ("POST", "/v1/claims/{}/fail") in found
+
+
+def test_claim_workflow_branches_on_every_claim_answer() -> None:
+    """201 claimed, 200 already_succeeded and 409 in_progress each have a branch; 409 waits."""
+    workflow = load(CLAIM)
+    rights = {
+        str(c["rightValue"]) for n in nodes(workflow) if n["type"] == IF_NODE for c in conditions(n)
+    }
+    assert {"201", "200", "already_succeeded", "409"} <= rights
+    assert any(n["type"] == "n8n-nodes-base.wait" for n in nodes(workflow))
+    text = json.dumps(workflow)
+    assert "lease_token" in text
+    assert "reclaimed" in text
+    assert "retryable" in text
+
+
+def test_claim_workflow_sends_the_claim_key_to_the_crm() -> None:
+    """The CRM call carries the claim key as Idempotency-Key and its failure is classified."""
+    named = by_name(load(CLAIM))
+    crm = named["CRM: create follow-up task"]
+    assert "/v1/" not in crm["parameters"]["url"]
+    headers = {h["name"]: h["value"] for h in crm["parameters"]["headerParameters"]["parameters"]}
+    assert "CLAIM_KEY" in headers["Idempotency-Key"]
+    retryable = next(
+        a["value"]
+        for a in named["Classify CRM error"]["parameters"]["assignments"]["assignments"]
+        if a["name"] == "retryable"
+    )
+    assert ">= 500" in retryable and "429" in retryable
+
+
+# ------------------------------------------------------------------------------ (c) agent tool
+
+
+def test_agent_tool_is_a_claimed_sub_workflow() -> None:
+    """An agent's tool runs a sub-workflow that claims first and accepts a stored result."""
+    workflow = load(AGENT_TOOL)
+    types = {node["type"] for node in nodes(workflow)}
+    assert "@n8n/n8n-nodes-langchain.toolWorkflow" in types
+    assert "n8n-nodes-base.executeWorkflowTrigger" in types
+    tool_edges = [e for e in edges(workflow) if e[1] == "ai_tool"]
+    assert tool_edges
+    named = by_name(workflow)
+    assert all(named[t]["type"] == "@n8n/n8n-nodes-langchain.agent" for _, _, t, _, _ in tool_edges)
+    found = routes(workflow)
+    assert ("POST", "/v1/claims") in found
+    assert ("POST", "/v1/claims/{}/complete") in found
+    stored = named["Use stored result"]
+    values = {a["name"]: a["value"] for a in stored["parameters"]["assignments"]["assignments"]}
+    assert values["status"] == "already_succeeded"
+    assert "body.result" in values["result"]
+
+
+# ------------------------------------------------------------------------------ documentation
+
+
+def test_docs_describe_every_example() -> None:
+    """docs/n8n.md names each example file and examples/n8n/README.md points to it."""
+    doc = DOC.read_text(encoding="utf-8")
+    for name in WORKFLOWS:
+        assert name in doc, name
+    for needle in ("IDEM_URL", "Never Error", "Retry On Fail", "X-Idem-Signature", "openssl"):
+        assert needle in doc, needle
+    assert "docs/n8n.md" in (EXAMPLES / "README.md").read_text(encoding="utf-8")
+
+
+def test_docs_signing_snippet_is_pasteable_and_signs_the_raw_body() -> None:
+    """The JSON node snippet in docs/n8n.md parses and sends the signed string as the raw body."""
+    doc = DOC.read_text(encoding="utf-8")
+    blocks = re.findall(r"```json\n(.*?)```", doc, re.DOTALL)
+    assert len(blocks) == 1
+    snippet = json.loads(blocks[0])
+    named = by_name(snippet)
+    for source, _, target, _, _ in edges(snippet):
+        assert source in named and target in named
+    (sign,) = [n for n in nodes(snippet) if n["type"] == "n8n-nodes-base.crypto"]
+    assert sign["parameters"]["action"] == "hmac"
+    assert sign["parameters"]["type"] == "SHA256"
+    assert sign["parameters"]["encoding"] == "hex"
+    assert sign["parameters"]["value"] == "={{ $json.ts }}.{{ $json.body_text }}"
+    (post,) = gateway_requests(snippet)
+    assert post["parameters"]["contentType"] == "raw"
+    assert post["parameters"]["body"] == "={{ $json.body_text }}"
+    assert {h.lower() for h in header_names(post)} <= GATEWAY_HEADERS
+    assert (method(post), url_path(post["parameters"]["url"])) == ("POST", "/v1/events")
+    assert any(path_matches("/v1/events", template) for template in openapi_paths())
