@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from celery import Celery
@@ -33,31 +34,49 @@ def create_publisher(settings: Settings) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_transport_options={"visibility_timeout": settings.visibility_timeout},
         task_publish_retry=False,
-        # Lets Flower show a task from the moment it was sent.
-        task_send_sent_event=True,
     )
     return app
 
 
 def publish(app: Celery, messages: list[OutboxMessage], sent: list[int]) -> None:
-    """Send each message over one pooled connection, appending each sent row's id to `sent`.
+    """Send a batch as standard Celery messages in ONE Redis command.
 
-    On a broker error the exception propagates with `sent` naming what did go out, so the
-    caller marks exactly those rows and keeps the rest for the next round.
+    Each message is built by Celery (`as_task_v2`) and framed by kombu's own Redis channel, so
+    workers consume it like any `send_task`; what changes is the transport: one LPUSH carries
+    the whole batch instead of a round trip per message (per-message round trips bounded the
+    relay at about 2 300 messages/s). LPUSH is atomic: the batch is in the queue or not, and
+    `sent` names the rows only once it is. Flower sees these tasks from "received" on (no
+    "sent" event is emitted for them).
     """
+    if not messages:
+        return
     with app.producer_or_acquire() as producer:
+        channel = producer.channel
+        frames = []
         for message in messages:
-            app.send_task(
+            task_id = f"outbox-{message.outbox_id}"
+            argsrepr = repr([mask_key(message.key)])
+            kwargsrepr = repr({"correlation_id": message.correlation_id})
+            task = app.amqp.as_task_v2(
+                task_id,
                 message.task_name,
                 args=[message.key],
                 kwargs={"correlation_id": message.correlation_id},
-                queue=TASK_QUEUE,
-                # One id per outbox row: a re-publish after a crash is recognisable in Flower.
-                task_id=f"outbox-{message.outbox_id}",
                 # What Flower and Celery's logs show: the masked key, never anything else.
-                argsrepr=repr([mask_key(message.key)]),
-                kwargsrepr=repr({"correlation_id": message.correlation_id}),
-                producer=producer,
-                retry=False,
+                argsrepr=argsrepr,
+                kwargsrepr=kwargsrepr,
             )
-            sent.append(message.outbox_id)
+            properties = {
+                **task.properties,
+                "delivery_mode": 2,
+                "argsrepr": argsrepr,
+                "kwargsrepr": kwargsrepr,
+            }
+            frame = channel.prepare_message(
+                json.dumps(task.body), 0, "application/json", "utf-8", task.headers, properties
+            )
+            # kombu's own framing for the anonymous exchange: the routing key is the queue.
+            channel._inplace_augment_message(frame, "", TASK_QUEUE)
+            frames.append(json.dumps(frame))
+        channel.client.lpush(TASK_QUEUE, *frames)
+    sent.extend(m.outbox_id for m in messages)
