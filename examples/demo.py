@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from examples.fake_crm import FakeCrm
+from outbox import embedded
 from outbox.embedded import free_port, start_postgres, start_redis, wait_for_port
 from outbox.migrate import upgrade
 
@@ -138,16 +139,7 @@ def start_gateway(
 def stop_all(servers: list[Any], children: list[subprocess.Popen[bytes]]) -> None:
     """The gateway's processes together (SIGTERM, SIGKILL after 10 s), then Redis, PostgreSQL."""
     for group in (children, [s for s in servers if isinstance(s, subprocess.Popen)]):
-        for process in group:
-            if process.poll() is None:
-                process.terminate()
-        deadline = time.monotonic() + 10
-        for process in group:
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        embedded.terminate(group)
     for server in servers:
         if not isinstance(server, subprocess.Popen):
             server.cleanup()

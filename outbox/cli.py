@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -190,9 +189,9 @@ def dev(
                 exit_code = 1
                 break
     finally:
-        _terminate(list(children.values()))
+        embedded.terminate(list(children.values()))
         if redis_process is not None:
-            _terminate([redis_process])
+            embedded.terminate([redis_process])
         for server in servers:
             server.cleanup()
         log.info("dev.stopped")
@@ -216,19 +215,6 @@ def demo() -> None:
             raise
         _fail("idem demo runs from the project's folder (it uses examples/)")
     raise typer.Exit(main())
-
-
-def _terminate(processes: list[subprocess.Popen[Any]], grace: float = 10.0) -> None:
-    for process in processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for process in processes:
-        try:
-            process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 # Operators' commands (outbox/opcli.py).

@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 from outbox import keys
 from outbox import operator_queries as q
 from outbox.redaction import mask_secrets
-from outbox.timewindow import glob_to_like
+from outbox.timewindow import glob_to_like, iso
 
 MAX_PAGE = 500
 
@@ -73,14 +73,14 @@ def get_dead_letter(engine: Engine, dead_letter_id: int) -> dict[str, Any] | Non
         "last_error": {"error_code": found["error_code"], "detail": found["error_detail"]},
         "resolution_note": found["resolution_note"],
         "key_status": found["status"],
-        "accepted_at": _iso(found["accepted_at"]),
+        "accepted_at": iso(found["accepted_at"]),
         "reclaimed_count": found["reclaimed_count"],
         "blocked_deliveries": found["blocked_deliveries"],
         "duplicate_count": found["duplicate_count"],
         "history": [
             {
                 **dict(h),
-                **{k: _iso(h[k]) for k in ("first_failed_at", "last_failed_at", "resolved_at")},
+                **{k: iso(h[k]) for k in ("first_failed_at", "last_failed_at", "resolved_at")},
             }
             for h in history
         ],
@@ -109,12 +109,8 @@ def _summary(row: dict[str, Any]) -> dict[str, Any]:
         "route": row["route"],
         "status": row["resolution"],
         "resolved_by": row["resolved_by"],
-        "first_failed_at": _iso(row["first_failed_at"]),
-        "last_failed_at": _iso(row["last_failed_at"]),
-        "resolved_at": _iso(row["resolved_at"]),
-        "created_at": _iso(row["created_at"]),
+        "first_failed_at": iso(row["first_failed_at"]),
+        "last_failed_at": iso(row["last_failed_at"]),
+        "resolved_at": iso(row["resolved_at"]),
+        "created_at": iso(row["created_at"]),
     }
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()

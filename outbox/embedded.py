@@ -90,3 +90,17 @@ def wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float = 
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"nothing listens on port {port} after {timeout} s")
+
+
+def terminate(processes: list[subprocess.Popen[Any]], grace: float = 10.0) -> None:
+    """Stop processes together: SIGTERM to all, then SIGKILL whatever is left after `grace`."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + grace
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -35,6 +35,7 @@ from outbox.operator_api import operator_router
 from outbox.problems import Problem, problem_response
 from outbox.routes import RouteTable, load_routes
 from outbox.settings import Settings, get_settings
+from outbox.timewindow import iso
 
 log = get_logger(__name__)
 
@@ -248,10 +249,10 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
                 "source": row["source"],
                 "event_type": row["event_type"],
                 "duplicate_count": row["duplicate_count"],
-                "created_at": _iso(row["created_at"]),
-                "updated_at": _iso(row["updated_at"]),
-                "next_attempt_at": _iso(row["next_attempt_at"]),
-                "expires_at": _iso(row["expires_at"]),
+                "created_at": iso(row["created_at"]),
+                "updated_at": iso(row["updated_at"]),
+                "next_attempt_at": iso(row["next_attempt_at"]),
+                "expires_at": iso(row["expires_at"]),
             }
         )
 
@@ -362,7 +363,3 @@ def _fields(error: ValidationError | RequestValidationError) -> list[dict[str, s
         }
         for err in error.errors()
     ]
-
-
-def _iso(value: Any) -> str | None:
-    return None if value is None else value.isoformat()

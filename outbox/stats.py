@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine
 
 from outbox import keys
 from outbox import operator_queries as q
+from outbox.timewindow import iso
 
 STATUSES = ("pending", "processing", "succeeded", "failed_retryable", "failed_final", "quarantined")
 DEAD_LETTER_KINDS = ("permanent", "retries_exhausted", "quarantined")
@@ -57,12 +57,8 @@ def stuck(engine: Engine, older_than_seconds: float, limit: int = 100) -> list[d
             "status": r["status"],
             "event_type": r["event_type"],
             "attempts": r["attempts"],
-            "updated_at": _iso(r["updated_at"]),
+            "updated_at": iso(r["updated_at"]),
             "age_seconds": round(float(r["age_seconds"]), 1),
         }
         for r in rows
     ]
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()

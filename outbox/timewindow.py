@@ -28,6 +28,11 @@ def parse_instant(value: str, now: datetime | None = None) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+def iso(value: datetime | None) -> str | None:
+    """An instant as ISO-8601 for a JSON answer (None stays None)."""
+    return None if value is None else value.isoformat()
+
+
 def glob_to_like(pattern: str) -> str:
     """A shell glob (`crm.*`, `order.?`) as a LIKE pattern, with LIKE's own wildcards escaped."""
     escaped = pattern.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

@@ -159,3 +159,18 @@ def stack(stack_session: Stack, db: str, broker: Any, downstream: Downstream) ->
     """The shared stack over an empty database, an empty broker and a reset downstream."""
     downstream.reset()
     return stack_session
+
+
+@pytest.fixture
+def private_stack(
+    own_database: str, routes_file: Path, downstream: Downstream, tmp_path: Path
+) -> Iterator[Stack]:
+    """An unstarted stack on its own database and its own Redis, so faults stay inside the
+    test; the test starts the processes it needs."""
+    downstream.reset()
+    redis_process, url = embedded.start_redis(tmp_path / "redis", appendonly=False)
+    stack = Stack(own_database, url, routes_file, tmp_path)
+    yield stack
+    stack.stop_all()
+    redis_process.terminate()
+    redis_process.wait(timeout=10)

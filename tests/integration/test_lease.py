@@ -2,23 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-import pytest
-
-from outbox.embedded import start_redis
 from tests.support import Downstream, Stack, query, wait_until
-
-
-@pytest.fixture
-def private_stack(own_database: str, routes_file: Path, tmp_path: Path) -> Any:
-    redis, redis_url = start_redis(tmp_path / "redis", appendonly=False)
-    stack = Stack(own_database, redis_url, routes_file, tmp_path)
-    yield stack
-    stack.stop_all()
-    redis.terminate()
-    redis.wait(timeout=10)
 
 
 def _post_slow(stack: Stack, seconds: float) -> str:

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from outbox.embedded import start_redis
 from tests.support import Downstream, Reply, Stack, envelope, query, wait_until
 
 
@@ -52,20 +51,6 @@ def test_1_same_payload_twice_in_sequence(stack: Stack, downstream: Downstream) 
 def _children(pid: int) -> list[int]:
     path = Path(f"/proc/{pid}/task/{pid}/children")
     return [int(p) for p in path.read_text().split()] if path.exists() else []
-
-
-@pytest.fixture
-def private_stack(
-    own_database: str, routes_file: Path, downstream: Downstream, tmp_path: Path
-) -> Any:
-    """A stack on its own database and its own Redis, so faults stay inside the test."""
-    downstream.reset()
-    redis, redis_url = start_redis(tmp_path / "redis", appendonly=False)
-    stack = Stack(own_database, redis_url, routes_file, tmp_path)
-    yield stack
-    stack.stop_all()
-    redis.terminate()
-    redis.wait(timeout=10)
 
 
 def test_2_two_workers_racing_for_one_key(private_stack: Stack, downstream: Downstream) -> None:
