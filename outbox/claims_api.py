@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import claims, keys
 from outbox.logs import get_logger
-from outbox.problems import Problem
+from outbox.problems import Problem, json_response, problem_responses
 from outbox.settings import Settings
 
 log = get_logger(__name__)
@@ -75,10 +75,19 @@ def claims_router(
     settings: Settings, engine: Callable[[], AsyncEngine], database: Callable[[Any], Any]
 ) -> APIRouter:
     """The claims endpoints; `database(awaitable)` maps an outage to a 503."""
-    router = APIRouter(prefix="/v1/claims", tags=["claims"])
+    router = APIRouter(
+        prefix="/v1/claims",
+        tags=["claims"],
+        responses={
+            409: json_response("in_progress (wait Retry-After), lease_lost, or finished"),
+            **problem_responses(400, 422, 503),
+        },
+    )
     ttl_seconds = settings.claims_ttl_days * 86_400
 
-    @router.post("", status_code=201)
+    @router.post(
+        "", status_code=201, responses={200: json_response("already_succeeded: the stored result")}
+    )
     async def claim(body: ClaimRequest) -> JSONResponse:
         """Claim a key before acting: 201 claimed, 200 already_succeeded, 409 in_progress."""
         correlation_id = body.correlation_id or uuid.uuid4().hex

@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 
 from outbox import deadletters, replay, stats
 from outbox.logs import get_logger
-from outbox.problems import Problem
+from outbox.problems import Problem, problem_responses
 from outbox.routes import RouteTable
 from outbox.settings import Settings
 from outbox.timewindow import parse_instant
@@ -65,7 +65,9 @@ def operator_router(
             )
         return x_operator or "api"
 
-    router = APIRouter(prefix="/v1", tags=["operators"])
+    router = APIRouter(
+        prefix="/v1", tags=["operators"], responses=problem_responses(400, 401, 422, 503)
+    )
     Operator = Annotated[str, Depends(authorize)]
 
     @router.get("/dead-letters")
@@ -94,7 +96,7 @@ def operator_router(
         )
         return {"items": items, "next_cursor": next_cursor}
 
-    @router.get("/dead-letters/{dead_letter_id}")
+    @router.get("/dead-letters/{dead_letter_id}", responses=problem_responses(404))
     async def show_dead_letter(dead_letter_id: int, _: Operator) -> dict[str, Any]:
         """The payload (secrets masked), the history of dead letters of its key, the last error."""
         found = await run_in_threadpool(deadletters.get_dead_letter, engine(), dead_letter_id)
@@ -102,7 +104,7 @@ def operator_router(
             raise Problem(404, "dead_letter_not_found", "No dead letter has this id.")
         return found
 
-    @router.post("/dead-letters/{dead_letter_id}/discard")
+    @router.post("/dead-letters/{dead_letter_id}/discard", responses=problem_responses(409))
     async def discard(
         dead_letter_id: int, body: DiscardRequest, operator: Operator
     ) -> dict[str, Any]:
@@ -117,7 +119,7 @@ def operator_router(
         log.info("dead_letter.discarded", id=dead_letter_id, by=operator)
         return {"id": dead_letter_id, "status": "discarded"}
 
-    @router.post("/replays")
+    @router.post("/replays", responses=problem_responses(409))
     async def replays(
         request: Annotated[replay.ReplayRequest, Body()], operator: Operator
     ) -> JSONResponse:

@@ -61,3 +61,43 @@ def problem_response(problem: Problem) -> JSONResponse:
     return JSONResponse(
         body, status_code=problem.status, headers=problem.headers, media_type=PROBLEM_JSON
     )
+
+
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "title", "status", "detail", "error"],
+    "properties": {
+        "type": {"type": "string"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "error": {"type": "string", "description": "machine-readable error code"},
+    },
+}
+
+_DESCRIPTIONS = {
+    400: "Bad request (not JSON, or an invalid Idempotency-Key)",
+    401: "Missing or invalid credentials or signature; nothing was stored",
+    403: "Forbidden",
+    404: "Not found",
+    409: "Conflict with the resource's current state",
+    413: "Body too large",
+    422: "Invalid input, or a key reused with another payload; nothing changed",
+    503: "A dependency is unavailable (or the feature is disabled); retry after Retry-After",
+}
+
+
+def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for error answers rendered as problem documents."""
+    return {
+        code: {
+            "description": _DESCRIPTIONS.get(code, "Error"),
+            "content": {PROBLEM_JSON: {"schema": PROBLEM_SCHEMA}},
+        }
+        for code in codes
+    }
+
+
+def json_response(description: str) -> dict[str, Any]:
+    """An OpenAPI `responses` entry for a plain JSON answer."""
+    return {"description": description, "content": {"application/json": {"schema": {}}}}

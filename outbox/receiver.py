@@ -32,7 +32,7 @@ from outbox.logs import get_logger
 from outbox.metrics import ReceiverMetrics
 from outbox.migrate import is_at_head
 from outbox.operator_api import operator_router
-from outbox.problems import Problem, problem_response
+from outbox.problems import Problem, json_response, problem_response, problem_responses
 from outbox.routes import RouteTable, load_routes
 from outbox.settings import Settings, get_settings
 from outbox.timewindow import iso
@@ -81,8 +81,23 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "error")
+        code = {400: "invalid_json", 404: "not_found", 405: "method_not_allowed"}.get(
+            error.status_code, "error"
+        )
         return problem_response(Problem(error.status_code, code, str(error.detail)))
+
+    @app.exception_handler(sa_exc.DataError)
+    async def _unstorable(_: Request, error: sa_exc.DataError) -> JSONResponse:
+        # Text PostgreSQL cannot store (a NUL character) or a value out of its range: the
+        # input's fault, and the transaction was rolled back, so nothing was written.
+        log.warning("request.unstorable_value", error=type(error.orig).__name__)
+        return problem_response(
+            Problem(
+                422,
+                "invalid_request",
+                "A value cannot be stored (text with NUL characters, or a number out of range).",
+            )
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(_: Request, error: RequestValidationError) -> JSONResponse:
@@ -113,6 +128,11 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
     @app.post(
         "/v1/events",
         status_code=202,
+        responses={
+            200: json_response("A repeat of a finished event: the first answer"),
+            202: json_response("Accepted (new), or a repeat of an event still in flight"),
+            **problem_responses(400, 401, 413, 422, 503),
+        },
         openapi_extra={
             "requestBody": {
                 "required": True,
@@ -231,7 +251,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
             case _:
                 assert_never(outcome)
 
-    @app.get("/v1/events/{key:path}")
+    @app.get("/v1/events/{key:path}", responses=problem_responses(404, 422, 503))
     async def get_event(key: str) -> JSONResponse:
         """The state of one key: status, attempts, result, external_ref, error_code, times."""
         row = await database(intake.get_key(state["engine"], key))
@@ -261,7 +281,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         """The process is up (it does not look at the database)."""
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get("/readyz", responses={503: json_response("Not ready: the checks say what")})
     async def readyz() -> JSONResponse:
         """Ready to take events: the database answers with the schema at head, the broker
         answers. 503 names what is not ready."""

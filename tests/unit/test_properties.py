@@ -1,0 +1,86 @@
+"""Property-based tests (hypothesis) for key normalization and the backoff function."""
+
+from __future__ import annotations
+
+import random
+import unicodedata
+
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from outbox.keys import derive_key, mask_key, normalize_text
+from worker.backoff import next_delay
+
+part = st.text(min_size=1, max_size=30).filter(lambda s: normalize_text(s) != "")
+spacing = st.sampled_from([" ", "  ", "\t", "\n", "\u00a0", "\u2003"])
+
+
+def _respell(value: str, before: str, after: str, flips: list[bool]) -> str:
+    """The same text as a provider might send it: padded, some letters re-cased, decomposed."""
+    padded = (flips + [False] * len(value))[: len(value)]
+    cased = "".join(ch.swapcase() if flip else ch for ch, flip in zip(value, padded, strict=True))
+    return before + unicodedata.normalize("NFD", cased) + after
+
+
+@given(part, part, part, spacing, spacing, st.lists(st.booleans(), max_size=30))
+def test_source_and_event_type_spellings_give_one_key(
+    source: str, event_type: str, external_id: str, before: str, after: str, flips: list[bool]
+) -> None:
+    """Padding, case and Unicode composition of source and event type never change the key
+    (case meaning: any re-casing that folds to the same text)."""
+    respelled_source = _respell(source, before, after, flips)
+    respelled_type = _respell(event_type, after, before, flips)
+    assume(normalize_text(respelled_source).casefold() == normalize_text(source).casefold())
+    assume(normalize_text(respelled_type).casefold() == normalize_text(event_type).casefold())
+    assert derive_key(source, event_type, external_id) == derive_key(
+        respelled_source, respelled_type, external_id
+    )
+
+
+@given(st.lists(part, min_size=3, max_size=4), st.lists(part, min_size=3, max_size=4))
+def test_different_parts_give_different_keys(first: list[str], second: list[str]) -> None:
+    """Keys differ whenever the normalized parts differ (no separator can make them collide)."""
+
+    def norm(parts: list[str]) -> tuple[str, ...]:
+        source, event_type, external_id, *rest = parts
+        return (
+            normalize_text(source).casefold(),
+            normalize_text(event_type).casefold(),
+            normalize_text(external_id),
+            *(normalize_text(r) for r in rest),
+        )
+
+    a = derive_key(*first[:3], first[3] if len(first) > 3 else None)
+    b = derive_key(*second[:3], second[3] if len(second) > 3 else None)
+    if norm(first) != norm(second):
+        assert a != b
+
+
+@given(part, part, st.emails())
+def test_a_key_and_its_mask_never_carry_the_external_id(
+    source: str, event_type: str, email: str
+) -> None:
+    """An e-mail address used as the external id appears neither in the key nor in its mask."""
+    key = derive_key(source, event_type, email)
+    assert email not in key and email not in mask_key(key)
+    assert len(mask_key(key)) < len(key)
+
+
+@given(
+    st.integers(1, 200),
+    st.floats(0.01, 10),
+    st.floats(0.01, 3600),
+    st.none() | st.floats(0, 10_000),
+    st.integers(0, 2**32),
+)
+def test_backoff_stays_within_its_bounds(
+    attempt: int, base: float, cap: float, retry_after: float | None, seed: int
+) -> None:
+    """The delay is within [0, min(cap, base*2^(n-1))], and never below Retry-After."""
+    delay = next_delay(attempt, retry_after, base=base, cap=cap, rng=random.Random(seed))
+    ceiling = min(cap, base * 2 ** min(attempt - 1, 64))
+    if retry_after is None:
+        assert 0 <= delay <= ceiling
+    else:
+        assert delay >= retry_after
+        assert delay <= max(ceiling, retry_after)
