@@ -1,11 +1,13 @@
 # One image for every process of the gateway: the receiver, the relay, the Celery worker and the
-# one-shot migration. compose.yaml picks the process with the command (see `idem --help`).
+# sweeper and the one-shot migration. compose.yaml picks the process with the command (see `idem --help`).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PORT=8000
+    PORT=8000 \
+    # Routes may name python actions in the project's folder (examples.actions:…).
+    PYTHONPATH=/app
 
 # A fixed, unprivileged uid/gid so volume permissions are predictable.
 RUN groupadd --system --gid 10001 idem \
