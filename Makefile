@@ -5,12 +5,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run demo test test-slow lint format up migrate clean
+.PHONY: help install run demo test test-slow chaos lint format up migrate clean
 
 help: ## List the targets with what they do
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 install: $(STAMP) ## Create .venv and install the project with its test tools
+	@[ -x /usr/bin/chromium ] || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && (apt-get update -qq && apt-get install -y -qq chromium) ; } || true
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +30,12 @@ test: install ## Run the test suite (real PostgreSQL, Redis and Celery workers; 
 
 test-slow: install ## Run the slow soaks only
 	$(PY) -m pytest -m slow
+
+chaos: install ## Chaos soak: kills, restarts, lost answers; checks every event (5 min)
+	$(PY) -m tests.chaos.soak
+
+bench: install ## Measure throughput, latency and memory on this machine (~15 min; docs/performance.md)
+	$(PY) -m bench.run
 
 lint: install ## ruff and mypy
 	$(VENV)/bin/ruff check .

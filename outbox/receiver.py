@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from outbox import contract, intake, keys, signatures
 from outbox.claims_api import claims_router
+from outbox.console import console_router
 from outbox.db import create_receiver_engine, create_sync_engine
 from outbox.envelope import Envelope
 from outbox.logs import get_logger
@@ -86,6 +87,15 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         )
         return problem_response(Problem(error.status_code, code, str(error.detail)))
 
+    async def _database_unavailable(_: Request, error: Exception) -> JSONResponse:
+        # The operator endpoints and readiness run the synchronous stores; an outage there is
+        # the same 503 the event path gives, never a 500.
+        log.warning("database.unavailable", error=type(error).__name__)
+        return problem_response(_unavailable(settings))
+
+    for outage in (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError):
+        app.add_exception_handler(outage, _database_unavailable)
+
     @app.exception_handler(sa_exc.DataError)
     async def _unstorable(_: Request, error: sa_exc.DataError) -> JSONResponse:
         # Text PostgreSQL cannot store (a NUL character) or a value out of its range: the
@@ -118,12 +128,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
             OSError,
         ) as error:
             log.warning("database.unavailable", error=type(error).__name__)
-            raise Problem(
-                503,
-                "database_unavailable",
-                "The database is unreachable; the event was not stored. Retry later.",
-                headers={"Retry-After": str(settings.unavailable_retry_after)},
-            ) from error
+            raise _unavailable(settings) from error
 
     @app.post(
         "/v1/events",
@@ -296,9 +301,19 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(operator_router(settings, routes, sync_engine))
+    app.include_router(console_router(settings, routes, sync_engine))
     app.include_router(claims_router(settings, lambda: state["engine"], database))
 
     return app
+
+
+def _unavailable(settings: Settings) -> Problem:
+    return Problem(
+        503,
+        "database_unavailable",
+        "The database is unreachable; nothing was stored or changed. Retry later.",
+        headers={"Retry-After": str(settings.unavailable_retry_after)},
+    )
 
 
 def _source_secrets(settings: Settings, routes: RouteTable) -> dict[str, signatures.SourceSecret]:

@@ -116,9 +116,28 @@ def _marker(kind: str, x: float, y: float, css_class: str) -> str:
     return f'<circle class="{css_class}" cx="{x:.1f}" cy="{y:.1f}" r="3"/>'
 
 
-def render_svg(points: list[Minute], width: int = 720, height: int = 260) -> Markup:
-    """The chart as inline SVG markup (escaped, safe to put in a template)."""
-    left, right, top, bottom = 40, 12, 12, 44
+def legend_sample(series: Series) -> Markup:
+    """A small line-and-marker sample of a series, for the legend next to the chart."""
+    dash = f' stroke-dasharray="{series.dash}"' if series.dash else ""
+    return Markup(
+        '<svg class="chart sample" viewBox="0 0 28 12" width="28" height="12" aria-hidden="true" '
+        'xmlns="http://www.w3.org/2000/svg">'
+        f'<line class="line {series.css_class}" x1="1" y1="6" x2="27" y2="6"{dash}/>'
+        f"{_marker(series.marker, 14, 6, f'dot {series.css_class}')}</svg>"
+    )
+
+
+def render_svg(
+    points: list[Minute],
+    *,
+    width: int = 900,
+    height: int = 220,
+    label_every: int = 15,
+    id_prefix: str = "chart",
+) -> Markup:
+    """The chart as inline SVG markup (escaped, safe to put in a template). The legend is
+    not part of it: the page writes it in text, with `legend_sample` for each series."""
+    left, right, top, bottom = 34, 22, 10, 26
     plot_w, plot_h = width - left - right, height - top - bottom
     peak = max((getattr(p, s.attribute) for p in points for s in SERIES), default=0)
     y_max = _nice_max(peak)
@@ -132,11 +151,12 @@ def render_svg(points: list[Minute], width: int = 720, height: int = 260) -> Mar
 
     sums = totals(points)
     summary = ", ".join(f"{sums[s.name]} {s.name}" for s in SERIES)
+    title_id, desc_id = f"{id_prefix}-title", f"{id_prefix}-desc"
     parts = [
         f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" '
-        f'aria-labelledby="chart-title chart-desc" xmlns="http://www.w3.org/2000/svg">',
-        '<title id="chart-title">Events per minute, last hour</title>',
-        f'<desc id="chart-desc">Last {len(points)} minutes: {escape(summary)}.</desc>',
+        f'aria-labelledby="{title_id} {desc_id}" xmlns="http://www.w3.org/2000/svg">',
+        f'<title id="{title_id}">Events per minute, last hour (UTC)</title>',
+        f'<desc id="{desc_id}">Last {len(points)} minutes: {escape(summary)}.</desc>',
     ]
     for i in range(5):
         value = y_max * i // 4
@@ -148,15 +168,19 @@ def render_svg(points: list[Minute], width: int = 720, height: int = 260) -> Mar
             f'<text class="tick" x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{value}</text>'
         )
     for i, p in enumerate(points):
-        if p.at.minute % 15 == 0 or i == len(points) - 1:
+        last = i == len(points) - 1
+        if p.at.minute % label_every == 0 or last:
+            if not last and len(points) - 1 - i < label_every / 3:
+                continue  # too close to the last label
             x = x_at(i)
+            anchor = "end" if last else "middle"
             parts.append(
                 f'<line class="axis" x1="{x:.1f}" y1="{top + plot_h}" x2="{x:.1f}" '
                 f'y2="{top + plot_h + 4}"/>'
             )
             parts.append(
-                f'<text class="tick" x="{x:.1f}" y="{top + plot_h + 18}" '
-                f'text-anchor="middle">{p.at:%H:%M}</text>'
+                f'<text class="tick" x="{x + (8 if last else 0):.1f}" y="{top + plot_h + 18}" '
+                f'text-anchor="{anchor}">{p.at:%H:%M}</text>'
             )
     parts.append(
         f'<line class="axis" x1="{left}" y1="{top + plot_h}" x2="{width - right}" '
@@ -172,24 +196,5 @@ def render_svg(points: list[Minute], width: int = 720, height: int = 260) -> Mar
             value = getattr(p, s.attribute)
             if value:
                 parts.append(_marker(s.marker, x_at(i), y_at(value), f"dot {s.css_class}"))
-    legend_y = height - 8
-    x = left
-    for s in SERIES:
-        dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
-        parts.append(
-            f'<line class="line {s.css_class}" x1="{x}" y1="{legend_y - 4}" x2="{x + 24}" '
-            f'y2="{legend_y - 4}"{dash}/>'
-        )
-        parts.append(_marker(s.marker, x + 12, legend_y - 4, f"dot {s.css_class}"))
-        parts.append(
-            f'<text class="legend" x="{x + 30}" y="{legend_y}">{s.name} ({sums[s.name]})</text>'
-        )
-        x += 170
-    zone = f"{points[-1].at:%Z}" if points else ""
-    if zone:
-        parts.append(
-            f'<text class="tick" x="{width - right}" y="{legend_y}" text-anchor="end">'
-            f"{escape(zone)}</text>"
-        )
     parts.append("</svg>")
     return Markup("".join(parts))

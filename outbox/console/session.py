@@ -58,7 +58,7 @@ def verify(operator_token: str, value: str | None, now: float | None = None) -> 
     if not operator_token or not value or len(value) > _MAX_COOKIE:
         return None
     parts = value.split(".")
-    if len(parts) != 4 or parts[0] != _VERSION or not parts[1].isdigit():
+    if len(parts) != 4 or parts[0] != _VERSION or not (parts[1].isascii() and parts[1].isdigit()):
         return None
     body, signature = value.rsplit(".", 1)
     if not hmac.compare_digest(signature.encode(), _sign(operator_token, body).encode()):

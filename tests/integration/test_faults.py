@@ -15,7 +15,7 @@ import redis as redis_client
 from sqlalchemy import make_url
 
 from outbox.embedded import free_port, start_redis
-from tests.support import Downstream, Stack, TcpProxy, envelope, query, wait_until
+from tests.support import AUTH, Downstream, Stack, TcpProxy, envelope, query, wait_until
 
 
 def _succeeded(database_url: str) -> int:
@@ -136,6 +136,11 @@ def test_database_unreachable_gives_503_with_retry_after_then_recovers(
                 assert int(answer.headers["retry-after"]) >= 1
                 # Not a speed target: a hang would leave the caller's own timeout to fire.
                 assert elapsed < 10, elapsed
+            # The operator endpoints say the same, not 500.
+            stats = client.get("/v1/stats", headers=AUTH)
+            assert stats.status_code == 503, stats.text
+            assert stats.json()["error"] == "database_unavailable"
+            assert "retry-after" in stats.headers
             proxy.start()
 
             def accepted() -> bool:
