@@ -39,7 +39,7 @@ def configure_logging(log_format: str = "json", level: str = "INFO") -> None:
         cache_logger_on_first_use=True,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=shared,
+        foreign_pre_chain=[*shared, structlog.processors.format_exc_info],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
     )
     handler = logging.StreamHandler(sys.stderr)

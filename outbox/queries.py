@@ -256,17 +256,23 @@ TRY_SWEEPER_LOCK: TextClause = text(
 REDRIVE_EXPIRED_LEASES: TextClause = text(
     """
     -- Keys whose holder stopped renewing (crashed, killed, partitioned): queue a new delivery.
-    -- The next claim takes over the lease with a newer fence and reconciles first. Keys with
-    -- an unpublished or recent outbox row are left alone, so a sweep does not pile up copies.
+    -- The next claim takes over the lease with a newer fence and reconciles first. A key with
+    -- an unpublished row is left alone, and each re-send since the claim waits twice as long
+    -- as the one before (grace, 2x, 4x ... 64x): a queue that is merely slow gets a few copies,
+    -- not one per pass.
     WITH expired AS (
         SELECT k.idempotency_key, k.correlation_id
           FROM idempotency_keys k
+          CROSS JOIN LATERAL (
+              SELECT count(*) FILTER (WHERE o.created_at >= k.updated_at) AS resent,
+                     COALESCE(bool_or(o.published_at IS NULL), false) AS waiting,
+                     max(o.created_at) AS last_queued
+                FROM outbox o WHERE o.idempotency_key = k.idempotency_key) sent
          WHERE k.status = 'processing' AND k.locked_until < now()
-           AND NOT EXISTS (
-               SELECT 1 FROM outbox o
-                WHERE o.idempotency_key = k.idempotency_key
-                  AND (o.published_at IS NULL
-                       OR o.created_at > now() - make_interval(secs => :grace_seconds)))
+           AND NOT sent.waiting
+           AND (sent.resent = 0
+                OR sent.last_queued < now() - make_interval(
+                       secs => :grace_seconds * power(2, LEAST(sent.resent - 1, 6))))
          LIMIT :limit
            FOR UPDATE OF k SKIP LOCKED
     )
@@ -279,20 +285,24 @@ REDRIVE_EXPIRED_LEASES: TextClause = text(
 REDRIVE_STALLED_KEYS: TextClause = text(
     """
     -- Keys waiting for a delivery whose message was published but never consumed (Redis
-    -- restarted or flushed): pending or due for a retry, untouched for the grace period, and
-    -- without an unpublished or recent outbox row. Queue a new delivery.
+    -- restarted or flushed): pending or due for a retry, untouched for the grace period, no
+    -- unpublished row, and the last message older than the grace period doubled for each
+    -- re-send since the key's last change (so a slow queue is not flooded with copies).
     WITH stalled AS (
         SELECT k.idempotency_key, k.correlation_id
           FROM idempotency_keys k
+          CROSS JOIN LATERAL (
+              SELECT count(*) FILTER (WHERE o.created_at >= k.updated_at) AS queued,
+                     COALESCE(bool_or(o.published_at IS NULL), false) AS waiting,
+                     max(o.published_at) AS last_published
+                FROM outbox o WHERE o.idempotency_key = k.idempotency_key) sent
          WHERE k.status IN ('pending', 'failed_retryable')
            AND k.updated_at < now() - make_interval(secs => :grace_seconds)
            AND (k.next_attempt_at IS NULL
                 OR k.next_attempt_at < now() - make_interval(secs => :grace_seconds))
-           AND NOT EXISTS (
-               SELECT 1 FROM outbox o
-                WHERE o.idempotency_key = k.idempotency_key
-                  AND (o.published_at IS NULL
-                       OR o.published_at > now() - make_interval(secs => :grace_seconds)))
+           AND NOT sent.waiting
+           AND sent.last_published < now() - make_interval(
+                   secs => :grace_seconds * power(2, LEAST(GREATEST(sent.queued - 1, 0), 6)))
          LIMIT :limit
            FOR UPDATE OF k SKIP LOCKED
     )

@@ -1,0 +1,306 @@
+"""After the soak: read what the database, the fake CRM, the clients and the workers' counters
+say, and compare every event with the final state its key's behaviour makes certain."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from tests.chaos import plan
+from tests.chaos.client import Answer
+from tests.chaos.plan import Delivery, PlannedEvent
+from tests.support import libpq
+
+FINAL_STATUSES = ("succeeded", "failed_final", "quarantined")
+# No request may take longer than this, whatever it answers (the receiver's own bound is
+# twice DB_TIMEOUT_SECONDS, 6 s).
+MAX_REQUEST_SECONDS = 10.0
+
+
+def connect(database_url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(
+        libpq(database_url),
+        autocommit=True,
+        connect_timeout=3,
+        options="-c statement_timeout=30000",
+    )
+
+
+def progress(database_url: str) -> dict[str, int]:
+    """Keys by status plus the outbox backlog: for the live progress line and quiescence."""
+    with connect(database_url) as conn:
+        counts = dict(
+            conn.execute("SELECT status, count(*) FROM idempotency_keys GROUP BY 1").fetchall()
+        )
+        due, unpublished = conn.execute(
+            "SELECT count(*) FILTER (WHERE available_at <= now()), count(*)"
+            " FROM outbox WHERE published_at IS NULL"
+        ).fetchone() or (0, 0)
+    counts["outbox_due"] = due
+    counts["outbox_unpublished"] = unpublished
+    return counts
+
+
+def unfinished(counts: dict[str, int]) -> int:
+    return sum(
+        n for status, n in counts.items() if status in ("pending", "processing", "failed_retryable")
+    )
+
+
+@dataclass
+class DbState:
+    keys: dict[str, dict[str, Any]]
+    payloads: dict[str, Any]
+    dead_letters: dict[str, list[tuple[str, str]]]
+    outbox_keys: set[str]
+    outbox_due: int
+    outbox_unpublished: int
+    outbox_rows: int
+
+
+def read_db(database_url: str) -> DbState:
+    with connect(database_url) as conn:
+        cur = conn.execute(
+            "SELECT idempotency_key, status, attempts, error_code, external_ref, result,"
+            " reclaimed_count, blocked_deliveries, duplicate_count FROM idempotency_keys"
+        )
+        names = [c.name for c in cur.description or ()]
+        keys = {row[0]: dict(zip(names, row, strict=True)) for row in cur.fetchall()}
+        payloads = dict(conn.execute("SELECT idempotency_key, payload FROM events").fetchall())
+        dead: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for key, kind, code in conn.execute(
+            "SELECT idempotency_key, kind, error_code FROM dead_letters ORDER BY id"
+        ).fetchall():
+            dead[key].append((kind, code))
+        outbox_keys = {r[0] for r in conn.execute("SELECT DISTINCT idempotency_key FROM outbox")}
+        due, unpublished, rows = conn.execute(
+            "SELECT count(*) FILTER (WHERE published_at IS NULL AND available_at <= now()),"
+            " count(*) FILTER (WHERE published_at IS NULL), count(*) FROM outbox"
+        ).fetchone() or (0, 0, 0)
+    return DbState(keys, payloads, dict(dead), outbox_keys, due, unpublished, rows)
+
+
+def worker_counters(metrics_dirs: list[Path]) -> dict[str, Counter[str]]:
+    """Sum the counters of every worker process that ever ran, killed ones included (their
+    multiprocess files stay on disk)."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    attempts: Counter[str] = Counter()
+    retries: Counter[str] = Counter()
+    reconciled: Counter[str] = Counter()
+    for path in metrics_dirs:
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(path))
+        for family in registry.collect():
+            for sample in family.samples:
+                if sample.name == "idem_attempts_total":
+                    outcome = sample.labels.get("outcome", "")
+                    attempts[outcome] += int(sample.value)
+                    if outcome == "retry":
+                        retries[sample.labels.get("error_code", "")] += int(sample.value)
+                elif sample.name == "idem_reconciled_total":
+                    found = "found" if sample.labels.get("found") == "true" else "not_found"
+                    reconciled[found] += int(sample.value)
+    return {"attempts": attempts, "retries": retries, "reconciled": reconciled}
+
+
+def sweeper_totals(log_files: list[Path]) -> Counter[str]:
+    """What the sweepers re-drove, from their `sweeper.redrove` log lines."""
+    totals: Counter[str] = Counter()
+    for path in log_files:
+        for line in path.read_text(errors="replace").splitlines():
+            if '"sweeper.redrove"' not in line:
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            totals["leases_reclaimed"] += int(record.get("leases_reclaimed", 0))
+            totals["redriven"] += int(record.get("redriven", 0))
+    return totals
+
+
+@dataclass
+class Violations:
+    """Every broken expectation, counted by check, with a few examples of each."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+    def add(self, check: str, detail: str) -> None:
+        self.counts[check] += 1
+        if len(self.examples[check]) < 10:
+            self.examples[check].append(detail)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "total": self.total,
+            "by_check": dict(self.counts),
+            "examples": {k: v for k, v in self.examples.items() if v},
+        }
+
+
+def verify(
+    events: list[PlannedEvent],
+    deliveries: list[Delivery],
+    answers: list[Answer],
+    final: dict[int, Answer],
+    crm: dict[str, Any],
+    db: DbState,
+    outage: tuple[float, float] | None,
+) -> tuple[Violations, dict[str, Any]]:
+    """Check every event; returns the violations and the facts the report prints."""
+    v = Violations()
+    by_key = {e.key: e for e in events}
+    effects: dict[str, int] = crm["effects"]
+    refs: dict[str, str] = crm["refs"]
+
+    # 1. Each key ends in the state its behaviour makes certain, with one effect or none.
+    for event in events:
+        key = event.key
+        row = db.keys.get(key)
+        kind = event.behaviour.kind
+        if row is None:
+            v.add("key_missing", f"event {event.index} ({kind}): no key {key} in the database")
+            continue
+        status = row["status"]
+        dead = db.dead_letters.get(key, [])
+        if effects.get(key, 0) > 1:
+            # Whatever else happened: a duplicated side effect is the failure this product exists
+            # to prevent.
+            v.add(
+                "duplicate_effect",
+                f"{key} ({kind}): {effects[key]} effects, {crm['posts'].get(key, 0)} writes,"
+                f" status {status}, attempts {row['attempts']}",
+            )
+        if status not in FINAL_STATUSES:
+            v.add("key_unfinished", f"{key} ({kind}) is {status} after {row['attempts']} attempts")
+            continue
+        if kind == plan.INVALID:
+            if status != "failed_final" or dead != [("permanent", "http_422")]:
+                v.add("expected_permanent_dead_letter", f"{key}: {status}, dead letters {dead}")
+            if effects.get(key, 0) != 0:
+                v.add("effect_for_refused_key", f"{key}: {effects[key]} effects after 422")
+            continue
+        if status != "succeeded":
+            v.add(
+                "expected_succeeded",
+                f"{key} ({kind}): {status} error={row['error_code']} dead letters {dead}",
+            )
+            continue
+        if dead:
+            v.add("unexpected_dead_letter", f"{key} ({kind}): {dead}")
+        if effects.get(key, 0) == 0:
+            v.add("succeeded_without_effect", f"{key} ({kind}): no effect at the CRM")
+        if row["external_ref"] != refs.get(key):
+            v.add(
+                "external_ref_mismatch",
+                f"{key}: stored {row['external_ref']!r}, CRM {refs.get(key)!r}",
+            )
+        result = row["result"] or {}
+        if kind in plan.ANSWER_LOST and not result.get("reconciled"):
+            v.add("lost_answer_not_reconciled", f"{key} ({kind}): result {result}")
+    for key in db.keys.keys() - by_key.keys():
+        v.add("unexpected_key", f"{key} ({db.keys[key]['status']}) was never sent")
+    for key in effects.keys() - by_key.keys():
+        v.add("unexpected_effect", f"the CRM wrote {effects[key]} for unknown key {key}")
+
+    # 2. Nothing left in flight or waiting to be sent.
+    if db.outbox_due:
+        v.add("unpublished_due_outbox_rows", f"{db.outbox_due} due outbox rows never published")
+
+    # 3. Every planned delivery got a final answer, and the right one.
+    for i, delivery in enumerate(deliveries):
+        event = delivery.event
+        answer = final.get(i)
+        if answer is None:
+            v.add("delivery_unanswered", f"event {event.index} {delivery.kind}: no final answer")
+            continue
+        if delivery.kind == plan.CONFLICT:
+            if answer.status != 422 or answer.error_code != "idempotency_key_reused":
+                v.add(
+                    "conflict_not_refused",
+                    f"{event.key}: conflicting payload got {answer.status} {answer.error_code}",
+                )
+        elif answer.status not in (200, 202):
+            v.add(
+                "unexpected_answer",
+                f"event {event.index} {delivery.kind}: {answer.status} {answer.error_code}",
+            )
+    for event in events:
+        stored = db.payloads.get(event.key)
+        if stored is not None and stored != event.payload:
+            v.add("stored_payload_changed", f"{event.key}: stored {stored}, first {event.payload}")
+
+    # 4. Every 2xx names a committed key (key, event and outbox row), the one we expect; a
+    # finished key's repeat carries the first answer.
+    answers_by_status: Counter[str] = Counter()
+    for answer in answers:
+        label = str(answer.status) if answer.status is not None else f"error:{answer.error}"
+        answers_by_status[label] += 1
+        event = events[answer.event]
+        if answer.status is not None and 200 <= answer.status < 300:
+            if answer.key != event.key:
+                v.add("wrong_key", f"event {event.index}: answered key {answer.key}")
+            committed = (
+                answer.key in db.keys and answer.key in db.payloads and answer.key in db.outbox_keys
+            )
+            if not committed:
+                v.add("2xx_not_committed", f"{answer.key}: 2xx at {answer.started:.1f} s")
+            row = db.keys.get(event.key)
+            # A 200 repeat is only given for a finished key, whose state never changes again.
+            differs = row is not None and (
+                answer.state != row["status"] or answer.external_ref != row["external_ref"]
+            )
+            if answer.status == 200 and differs:
+                assert row is not None
+                v.add(
+                    "repeat_not_first_answer",
+                    f"{event.key}: repeat said {answer.state}/{answer.external_ref},"
+                    f" final {row['status']}/{row['external_ref']}",
+                )
+        if answer.status == 503 and not answer.retry_after:
+            v.add("503_without_retry_after", f"event {event.index} at {answer.started:.1f} s")
+        if answer.status is None or answer.elapsed > MAX_REQUEST_SECONDS:
+            v.add(
+                "request_too_slow_or_failed",
+                f"event {event.index} at {answer.started:.1f} s: {answer.status or answer.error}"
+                f" after {answer.elapsed:.1f} s",
+            )
+
+    # 5. While PostgreSQL was down the receiver said so: 503 + Retry-After, quickly.
+    during: list[Answer] = []
+    if outage is not None:
+        down, up = outage
+        during = [a for a in answers if a.started < up and a.started + a.elapsed > down]
+        told = [a for a in during if a.status == 503 and a.retry_after]
+        if not told:
+            v.add("no_503_while_database_down", f"{len(during)} answers during {down:.1f}-{up:.1f}")
+    else:
+        v.add("no_database_outage", "the PostgreSQL restart did not happen")
+
+    latencies = sorted(a.elapsed for a in answers)
+    facts = {
+        "answers_by_status": dict(sorted(answers_by_status.items())),
+        "receiver_duplicates": sum(1 for a in answers if a.duplicate),
+        "conflicts_refused": sum(
+            1 for a in final.values() if a.kind == plan.CONFLICT and a.status == 422
+        ),
+        "answers_during_outage": dict(Counter(str(a.status or a.error) for a in during)),
+        "max_latency_seconds": round(latencies[-1], 3) if latencies else 0.0,
+        "p99_latency_seconds": round(latencies[int(0.99 * (len(latencies) - 1))], 3)
+        if latencies
+        else 0.0,
+        "max_latency_during_outage_seconds": round(max((a.elapsed for a in during), default=0), 3),
+    }
+    return v, facts

@@ -1,0 +1,152 @@
+"""The soak's clients: deliver every planned request on time from a pool of threads, record
+every answer (status, timing, Retry-After, the key and state it reports), and come back
+later after a 503 or a connection error, as a well-behaved provider would.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from tests.chaos.plan import CONFLICT, Delivery
+
+# A request that takes longer than this is a hang, whatever it returns.
+CLIENT_TIMEOUT_SECONDS = 20.0
+
+
+@dataclass
+class Answer:
+    event: int
+    kind: str
+    started: float  # seconds since the start of the send phase
+    elapsed: float
+    status: int | None  # None: no HTTP answer (connection error, timeout)
+    error: str = ""
+    retry_after: str | None = None
+    key: str | None = None
+    duplicate: bool | None = None
+    state: str | None = None
+    external_ref: str | None = None
+    error_code: str | None = None
+
+
+class Sender:
+    """Sends `deliveries` at their planned times (relative to `start()`), from `threads`
+    threads; a 503 or connection error is retried after Retry-After (or a second)."""
+
+    def __init__(self, base_url: str, deliveries: list[Delivery], threads: int = 24) -> None:
+        self.base_url = base_url
+        self.answers: list[Answer] = []
+        self.final: dict[int, Answer] = {}  # delivery id -> its final answer
+        self.deliveries = deliveries
+        self.accepted: dict[int, threading.Event] = {}
+        self._heap: list[tuple[float, int, int]] = []  # (due, tiebreak, delivery id)
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="client")
+        self._local = threading.local()
+        self._stop = threading.Event()
+        self._t0 = 0.0
+        self._thread = threading.Thread(target=self._dispatch, name="dispatcher", daemon=True)
+        for i, delivery in enumerate(deliveries):
+            self.accepted.setdefault(delivery.event.index, threading.Event())
+            self._push(delivery.at, i)
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def start(self) -> None:
+        self._t0 = time.monotonic()
+        self._thread.start()
+
+    def _push(self, due: float, delivery_id: int) -> None:
+        with self._lock:
+            heapq.heappush(self._heap, (due, next(self._seq), delivery_id))
+            self._pending += 1
+
+    def outstanding(self) -> int:
+        """Deliveries without a final answer yet (queued, retrying or in flight)."""
+        with self._lock:
+            return self._pending
+
+    def _dispatch(self) -> None:
+        while not self._stop.is_set():
+            due: list[int] = []
+            with self._lock:
+                now = self.now()
+                while self._heap and self._heap[0][0] <= now:
+                    due.append(heapq.heappop(self._heap)[2])
+                wait = self._heap[0][0] - now if self._heap else 0.05
+            for delivery_id in due:
+                self._pool.submit(self._deliver, delivery_id)
+            self._stop.wait(min(max(wait, 0.0), 0.05))
+
+    def _client(self) -> httpx.Client:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = httpx.Client(base_url=self.base_url, timeout=CLIENT_TIMEOUT_SECONDS)
+            self._local.client = client
+        return client
+
+    def _deliver(self, delivery_id: int) -> None:
+        delivery = self.deliveries[delivery_id]
+        event = delivery.event
+        if delivery.kind == CONFLICT and not self.accepted[event.index].is_set():
+            # The conflicting payload must come second, or it would be the first payload.
+            self._requeue(delivery_id, 1.0)
+            return
+        started = self.now()
+        answer = Answer(event.index, delivery.kind, started, 0.0, None)
+        try:
+            response = self._client().post("/v1/events", json=delivery.body)
+        except httpx.HTTPError as error:
+            answer.elapsed = self.now() - started
+            answer.error = type(error).__name__
+            self.answers.append(answer)
+            # A broken pooled connection should not be reused.
+            self._client().close()
+            self._local.client = None
+            self._requeue(delivery_id, 1.0)
+            return
+        answer.elapsed = self.now() - started
+        answer.status = response.status_code
+        answer.retry_after = response.headers.get("retry-after")
+        try:
+            body: dict[str, Any] = response.json()
+        except ValueError:
+            body = {}
+        answer.key = body.get("key")
+        answer.duplicate = body.get("duplicate")
+        answer.state = body.get("status")
+        answer.external_ref = body.get("external_ref")
+        answer.error_code = body.get("error")
+        self.answers.append(answer)
+        if response.status_code == 503:
+            try:
+                delay = float(answer.retry_after or 1)
+            except ValueError:
+                delay = 1.0
+            self._requeue(delivery_id, delay)
+            return
+        if 200 <= response.status_code < 300:
+            self.accepted[event.index].set()
+        with self._lock:
+            self.final[delivery_id] = answer
+            self._pending -= 1
+
+    def _requeue(self, delivery_id: int, delay: float) -> None:
+        with self._lock:
+            heapq.heappush(self._heap, (self.now() + delay, next(self._seq), delivery_id))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,166 @@
+"""A fake CRM for the soak: one effect per write, misbehaving per key as the plan says.
+
+Every POST is answered according to the key's behaviour (`plan.behaviour_of`) and how many
+POSTs that key has made. A write that commits counts one effect for the key, whatever the
+answer: a second committed write for a key is a duplicated side effect, which the soak
+reports. `GET /<collection>/by-key/<key>` is the reconcile lookup: 200 with the id when the
+effect exists, else 404.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import unquote
+
+from tests.chaos import plan
+
+# Past the routes' read timeout (1 s): the worker gives up before the answer comes.
+SLOW_ANSWER_SECONDS = 2.5
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A worker SIGKILLed mid-request resets its connection: expected here, not news.
+        pass
+
+
+class FakeCrm:
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.lock = threading.Lock()
+        self.effects: Counter[str] = Counter()
+        self.refs: dict[str, str] = {}
+        self.posts: Counter[str] = Counter()
+        self.lookups: Counter[str] = Counter()
+        # What was injected: lost (commit + drop), slow (commit + late answer), 503, 429, 422.
+        self.injected: Counter[str] = Counter()
+        self.inflight = 0
+        self._server: _Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "effects": dict(self.effects),
+                "refs": dict(self.refs),
+                "posts": dict(self.posts),
+                "lookups": dict(self.lookups),
+                "injected": dict(self.injected),
+                "inflight": self.inflight,
+            }
+
+    def _reply(self, key: str) -> tuple[int, dict[str, str], bool, float, bool]:
+        """(status, headers, commit, delay, drop) for the next POST of `key`."""
+        behaviour = plan.behaviour_of(self.seed, key)
+        with self.lock:
+            self.posts[key] += 1
+            n = self.posts[key]
+        kind = behaviour.kind
+        if kind == plan.LOST and n == 1:
+            return 201, {}, True, 0.0, True
+        if kind == plan.SLOW and n == 1:
+            return 201, {}, True, SLOW_ANSWER_SECONDS, False
+        if kind == plan.UNAVAILABLE and n <= behaviour.failures:
+            return 503, {"Retry-After": str(behaviour.retry_after)}, False, 0.0, False
+        if kind == plan.RATE_LIMITED and n == 1:
+            return 429, {}, False, 0.0, False
+        if kind == plan.INVALID:
+            return 422, {}, False, 0.0, False
+        return 201, {}, True, 0.0, False
+
+    def _commit(self, key: str) -> str:
+        with self.lock:
+            self.effects[key] += 1
+            ref = self.refs.setdefault(key, f"crm-{len(self.refs) + 1}")
+        return ref
+
+    def start(self) -> FakeCrm:
+        crm = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:
+                payload = json.dumps(body).encode()
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def do_GET(self) -> None:
+                _, _, rest = self.path.partition("/by-key/")
+                if not rest:
+                    self._answer(404, {}, {})
+                    return
+                key = unquote(rest)
+                with crm.lock:
+                    crm.lookups[key] += 1
+                    ref = crm.refs.get(key)
+                if ref is None:
+                    self._answer(404, {"error": "not found"}, {})
+                else:
+                    self._answer(200, {"id": ref}, {})
+
+            def do_POST(self) -> None:
+                with crm.lock:
+                    crm.inflight += 1
+                try:
+                    self._post()
+                finally:
+                    with crm.lock:
+                        crm.inflight -= 1
+
+            def _post(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                self.rfile.read(length)
+                key = self.headers.get("idempotency-key", "")
+                status, headers, commit, delay, drop = crm._reply(key)
+                answer: dict[str, Any] = {}
+                if commit:
+                    answer["id"] = crm._commit(key)
+                with crm.lock:
+                    if drop:
+                        crm.injected["lost"] += 1
+                    elif delay:
+                        crm.injected["slow"] += 1
+                    elif status >= 300:
+                        crm.injected[str(status)] += 1
+                if delay:
+                    time.sleep(delay)
+                if drop:
+                    self.close_connection = True
+                    with contextlib.suppress(OSError):
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                with contextlib.suppress(OSError):
+                    self._answer(status, answer, headers)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = _Server(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,160 @@
+"""What the soak will do, decided up front from the seed: each key's behaviour at the fake
+CRM, each event's deliveries, and the schedule of faults.
+
+A key's behaviour is a pure function of (seed, key), so the fake CRM (which only sees the
+Idempotency-Key header) and the checker (which knows every event) agree on it without talking,
+and the final state every key must reach is known before the run starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from outbox.envelope import Envelope
+
+SOURCE = "chaos"
+EVENT_TYPES = ("crm.lead.created", "crm.deal.won", "crm.task.assigned")
+# The CRM collection each event type writes to (the routes file maps them the same way).
+COLLECTIONS = {"crm.lead.created": "leads", "crm.deal.won": "deals", "crm.task.assigned": "tasks"}
+
+# Behaviours and their shares of the keys; the rest answer 201 at once.
+LOST = "lost"  # commit, then drop the connection without an answer
+UNAVAILABLE = "unavailable"  # 503 + Retry-After (1-2 s) once or twice, no write; then 201
+RATE_LIMITED = "rate_limited"  # 429 once, no write; then 201
+INVALID = "invalid"  # 422 every time, never a write: a permanent failure
+SLOW = "slow"  # commit, then answer after the client's read timeout
+OK = "ok"
+SHARES = ((LOST, 0.10), (UNAVAILABLE, 0.10), (RATE_LIMITED, 0.05), (INVALID, 0.02), (SLOW, 0.05))
+BEHAVIOURS = (*(name for name, _ in SHARES), OK)
+# Behaviours whose first write is certain to be followed by a lost answer: the next attempt
+# must reconcile (find the effect) rather than write again.
+ANSWER_LOST = frozenset({LOST, SLOW})
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    kind: str
+    failures: int = 0  # how many 503s before success (UNAVAILABLE)
+    retry_after: int = 0  # seconds announced with each 503
+
+
+def behaviour_of(seed: int, key: str) -> Behaviour:
+    """The key's behaviour at the fake CRM: deterministic in (seed, key)."""
+    digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
+    share = int.from_bytes(digest[:8], "big") / 2**64
+    for kind, size in SHARES:
+        if share < size:
+            if kind == UNAVAILABLE:
+                return Behaviour(kind, failures=1 + digest[8] % 2, retry_after=1 + digest[9] % 2)
+            return Behaviour(kind)
+        share -= size
+    return Behaviour(OK)
+
+
+# How a delivery relates to the event's first one.
+FIRST = "first"
+SOON = "soon"  # a few seconds later (a provider's redelivery, a double click)
+CONCURRENT = "concurrent"  # at the same instant as the first
+LATE = "late"  # at the end of the run, long after the key finished
+CONFLICT = "conflict"  # same key, another payload: must be refused and change nothing
+
+
+@dataclass
+class PlannedEvent:
+    index: int
+    event_type: str
+    external_id: str
+    payload: dict[str, Any]
+    key: str
+    behaviour: Behaviour
+
+    def body(self, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {
+            "source": SOURCE,
+            "event_type": self.event_type,
+            "external_id": self.external_id,
+            "payload": self.payload if payload is None else payload,
+            "workflow": "chaos-soak",
+        }
+
+
+@dataclass
+class Delivery:
+    event: PlannedEvent
+    kind: str
+    at: float  # seconds after the start of the send phase
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float
+    kind: str  # kill_worker | kill_relay | restart_redis | restart_postgres
+
+
+def derived_key(body: dict[str, Any]) -> str:
+    """The key the receiver derives for `body` (same code, so the same answer)."""
+    return Envelope.model_validate(body).derived_key(fold_external_id_case=False)
+
+
+def plan_events(
+    seed: int, count: int, duration: float
+) -> tuple[list[PlannedEvent], list[Delivery]]:
+    """`count` events, their first deliveries spread over the first 85 % of `duration`, each
+    delivered 1 to 4 times (some copies concurrent, some soon, some at the very end), and 4 %
+    of them followed by a conflicting payload under the same key."""
+    rng = random.Random(f"events:{seed}")
+    window = 0.85 * duration
+    events: list[PlannedEvent] = []
+    deliveries: list[Delivery] = []
+    for index in range(count):
+        event_type = EVENT_TYPES[index % len(EVENT_TYPES)]
+        external_id = f"ext-{seed}-{index:06d}"
+        payload = {
+            "email": f"customer{index}@example.com",
+            "name": f"Customer {index}",
+            "amount": rng.randint(1, 10_000),
+            "sequence": index,
+        }
+        event = PlannedEvent(index, event_type, external_id, payload, "", Behaviour(OK))
+        event.key = derived_key(event.body())
+        event.behaviour = behaviour_of(seed, event.key)
+        events.append(event)
+        first = window * index / count + rng.uniform(0, window / count)
+        deliveries.append(Delivery(event, FIRST, first, event.body()))
+        copies = rng.choices((1, 2, 3, 4), weights=(40, 30, 20, 10))[0]
+        for _ in range(copies - 1):
+            kind = rng.choices((SOON, CONCURRENT, LATE), weights=(50, 25, 25))[0]
+            at = {
+                SOON: first + rng.uniform(0.05, 8.0),
+                CONCURRENT: first,
+                LATE: rng.uniform(0.93, 1.0) * duration,
+            }[kind]
+            deliveries.append(Delivery(event, kind, at, event.body()))
+        if rng.random() < 0.04:
+            changed = {**payload, "name": f"Someone Else {index}", "amount": payload["amount"] + 1}
+            at = first + rng.uniform(0.5, 15.0) if rng.random() < 0.7 else duration
+            deliveries.append(Delivery(event, CONFLICT, min(at, duration), event.body(changed)))
+    deliveries.sort(key=lambda d: d.at)
+    return events, deliveries
+
+
+def plan_faults(seed: int, duration: float) -> list[Fault]:
+    """Kills and restarts spread over 10-85 % of the send phase, a few of each kind; the
+    PostgreSQL restart happens once, near the middle."""
+    rng = random.Random(f"faults:{seed}")
+    counts = {
+        "kill_worker": max(2, round(duration / 60)),
+        "kill_relay": max(1, round(duration / 100)),
+        "restart_redis": max(1, round(duration / 150)),
+    }
+    faults = [Fault(rng.uniform(0.45, 0.55) * duration, "restart_postgres")]
+    for kind, n in counts.items():
+        slot = 0.75 * duration / n
+        for i in range(n):
+            faults.append(Fault(0.1 * duration + slot * (i + rng.uniform(0.1, 0.9)), kind))
+    faults.sort(key=lambda f: f.at)
+    return faults

@@ -1,0 +1,269 @@
+"""The soak's own servers and processes: a PostgreSQL and a Redis nobody else uses, and the
+gateway's processes, each of which the soak may kill and replace.
+
+Nothing here touches a server it did not start: PostgreSQL listens only on a Unix socket in
+the soak's temporary directory, Redis on a free port of its own, and every kill names a PID
+this module spawned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from outbox import embedded
+from outbox.embedded import free_port, wait_for_port
+from tests.support import ROOT
+
+
+class OwnPostgres:
+    """An embedded PostgreSQL (pgserver) in `data_dir`, with a fast stop and a start again.
+
+    pgserver runs its binaries as the system user `pgserver` when started by root, so pg_ctl
+    goes through its `_commands` wrapper with that user.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.server: Any = None
+        self.url = ""
+        self._socket_dir = ""
+
+    def start(self) -> str:
+        self.server, self.url = embedded.start_postgres(self.data_dir)
+        self._socket_dir = str(self._info().socket_dir)
+        return self.url
+
+    def _info(self) -> Any:
+        from pgserver.utils import PostmasterInfo
+
+        return PostmasterInfo.read_from_pgdata(self.data_dir)
+
+    def _pg_ctl(self, args: list[str]) -> None:
+        from pgserver import _commands
+
+        _commands.pg_ctl(args, pgdata=self.data_dir, user=self.server.system_user, timeout=60)
+
+    def stop_fast(self) -> None:
+        """`pg_ctl -m fast stop`: sessions are disconnected, open transactions rolled back."""
+        self._pg_ctl(["-w", "-m", "fast", "stop"])
+
+    def start_again(self) -> None:
+        """Start on the same data directory and socket (the options pgserver first used)."""
+        self._pg_ctl(
+            [
+                "-w",
+                "-o",
+                '-h ""',
+                "-o",
+                f"-k {self._socket_dir}",
+                "-l",
+                str(self.data_dir / "log"),
+                "start",
+            ]
+        )
+        # pgserver stops the server it knows at cleanup: tell it about the new postmaster.
+        self.server._postmaster_info = self._info()
+
+    def cleanup(self) -> None:
+        if self.server is None:
+            return
+        # pgserver stops the postmaster it knows (and forgets its own bookkeeping); if that
+        # fails, or the server was left stopped, pg_ctl does it.
+        with contextlib.suppress(Exception):
+            self.server._postmaster_info = self._info() or self.server._postmaster_info
+            self.server.cleanup()
+        info = self._info()
+        if info is not None and info.is_running():
+            with contextlib.suppress(Exception):
+                self._pg_ctl(["-w", "-m", "fast", "stop"])
+        self.server = None
+
+
+class OwnRedis:
+    """A redis-server without persistence on a port of its own: a restart empties it."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self) -> str:
+        self.process, self.url = embedded.start_redis(self.data_dir, self.port, appendonly=False)
+        return self.url
+
+    def stop(self) -> None:
+        if self.process is not None:
+            embedded.terminate([self.process])
+            self.process = None
+
+    def restart(self, pause: float = 1.0) -> None:
+        self.stop()
+        time.sleep(pause)
+        self.start()
+
+
+def children(pid: int) -> list[psutil.Process]:
+    """Direct children of `pid` (Celery's pool processes of a worker). psutil remembers each
+    one's start time, so a later kill cannot hit a recycled PID."""
+    try:
+        return psutil.Process(pid).children()
+    except psutil.Error:
+        return []
+
+
+def _kill(processes: list[psutil.Process]) -> None:
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            if process.is_running():
+                process.kill()
+
+
+@dataclass
+class Proc:
+    name: str
+    role: str  # receiver | relay | worker | sweeper
+    process: subprocess.Popen[bytes]
+    metrics_port: int = 0
+    killed: bool = False  # by the soak, on purpose
+    exited: bool = False  # by itself, noticed (and replaced) by the supervisor
+    log_offset: int = 0  # how far the supervisor has read its log
+    broken_since: float | None = None  # when it logged an unrecoverable error
+
+
+@dataclass
+class Fleet:
+    """The gateway's processes, started like tests.support.Stack, with logs in `log_dir`."""
+
+    env: dict[str, str]
+    log_dir: Path
+    metrics_root: Path
+    procs: dict[str, Proc] = field(default_factory=dict)
+    generation: dict[str, int] = field(default_factory=dict)
+    receiver_port: int = 0
+
+    def _spawn(self, role: str, args: list[str], extra: dict[str, str] | None = None) -> Proc:
+        n = self.generation.get(role, 0) + 1
+        self.generation[role] = n
+        name = f"{role}-{n}"
+        env = {**self.env, **(extra or {})}
+        with (self.log_dir / f"{name}.log").open("ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, *args], env=env, cwd=ROOT, stdout=log, stderr=log
+            )
+        proc = Proc(name, role, process)
+        self.procs[name] = proc
+        return proc
+
+    def start_receiver(self) -> Proc:
+        self.receiver_port = self.receiver_port or free_port()
+        proc = self._spawn(
+            "receiver", ["-m", "outbox.cli", "serve", "--port", str(self.receiver_port)]
+        )
+        wait_for_port(self.receiver_port, proc.process, timeout=60)
+        return proc
+
+    def start_relay(self) -> Proc:
+        return self._spawn("relay", ["-m", "outbox.cli", "relay"])
+
+    def start_sweeper(self) -> Proc:
+        return self._spawn("sweeper", ["-m", "outbox.cli", "sweep"])
+
+    def start_worker(self, concurrency: int = 2) -> Proc:
+        port = free_port()
+        n = self.generation.get("worker", 0) + 1
+        # Each worker counts in a directory of its own, kept after it is killed, so the
+        # counters of every process that ever ran can be summed at the end.
+        metrics_dir = self.metrics_root / f"worker-{n}"
+        proc = self._spawn(
+            "worker",
+            ["-m", "worker", "--concurrency", str(concurrency)],
+            {"WORKER_METRICS_PORT": str(port), "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)},
+        )
+        proc.metrics_port = port
+        # The metrics port opens just before Celery starts consuming.
+        wait_for_port(port, proc.process, timeout=60)
+        return proc
+
+    def alive(self, role: str) -> list[Proc]:
+        return [
+            p
+            for p in self.procs.values()
+            if p.role == role and not p.killed and p.process.poll() is None
+        ]
+
+    def kill(self, proc: Proc) -> list[int]:
+        """SIGKILL the process and its direct children (a worker's pool); returns the PIDs."""
+        pool = children(proc.process.pid)
+        proc.killed = True
+        proc.process.send_signal(signal.SIGKILL)
+        _kill(pool)
+        proc.process.wait(timeout=10)
+        return [proc.process.pid, *(p.pid for p in pool)]
+
+    def unexpected_exits(self) -> list[Proc]:
+        """Processes that ended although nobody killed them, not noticed before."""
+        gone = [
+            p
+            for p in self.procs.values()
+            if not p.killed and not p.exited and p.process.poll() is not None
+        ]
+        for proc in gone:
+            proc.exited = True
+        return gone
+
+    def replace(self, proc: Proc, concurrency: int) -> Proc:
+        """Start a process of the same role, as a supervisor (compose's restart policy) would."""
+        match proc.role:
+            case "receiver":
+                return self.start_receiver()
+            case "relay":
+                return self.start_relay()
+            case "worker":
+                return self.start_worker(concurrency)
+            case _:
+                return self.start_sweeper()
+
+    def new_log_text(self, proc: Proc) -> str:
+        """What the process logged since the last call."""
+        path = self.log_dir / f"{proc.name}.log"
+        with path.open("rb") as log:
+            log.seek(proc.log_offset)
+            data = log.read()
+        proc.log_offset += len(data)
+        return data.decode(errors="replace")
+
+    def last_error(self, proc: Proc) -> str:
+        """Why the process went away: its last critical log line, else its last error."""
+        path = self.log_dir / f"{proc.name}.log"
+        found = {"critical": "", "error": ""}
+        for line in path.read_text(errors="replace").splitlines():
+            for level in found:
+                if f'"level": "{level}"' in line:
+                    found[level] = line
+        line = found["critical"] or found["error"]
+        try:
+            record = json.loads(line)
+            return f"{record.get('logger', '')}: {record.get('event', '')}"[:300]
+        except ValueError:
+            return line[:300]
+
+    def stop_all(self) -> None:
+        running = [p for p in self.procs.values() if p.process.poll() is None]
+        pool = [child for p in running for child in children(p.process.pid)]
+        embedded.terminate([p.process for p in running], grace=15)
+        # A worker's pool processes normally leave with it; make sure none outlives the soak.
+        _kill(pool)
+
+    def metrics_dirs(self) -> list[Path]:
+        return sorted(p for p in self.metrics_root.iterdir() if p.is_dir())

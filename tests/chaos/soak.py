@@ -1,0 +1,655 @@
+"""`python -m tests.chaos.soak`: a bounded chaos soak of the whole gateway (`make chaos`).
+
+It starts a PostgreSQL and a Redis of its own, the receiver, two relays, several workers and
+the sweeper as real processes, and a fake CRM that loses, delays and refuses answers per key.
+Clients deliver every event one to four times (some copies at once, some at the very end,
+some with another payload under the same key) while workers and relays are SIGKILLed and
+replaced, Redis is restarted empty and PostgreSQL is stopped (fast) and started again. Then
+the faults stop, the soak waits for every key to finish, and checks every event. It prints a
+table, writes a JSON report and exits 1 on any violation (2 if it could not run).
+
+    python -m tests.chaos.soak [--duration 300] [--events 5000] [--seed N] [--report PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from outbox.migrate import upgrade
+from tests.chaos import check, plan
+from tests.chaos.client import Sender
+from tests.chaos.crm import FakeCrm
+from tests.chaos.servers import Fleet, OwnPostgres, OwnRedis, Proc
+from tests.support import ROOT
+
+DEFAULT_REPORT = ROOT / ".idem" / "chaos-report.json"
+# A worker still alive this long after Celery logged "Unrecoverable error" is counted hung.
+HUNG_AFTER = 20.0
+
+
+def write_routes(path: Path, crm_url: str, max_attempts: int) -> Path:
+    """One http route per event type, each with a reconcile lookup; timeouts well inside the
+    5 s lease; short backoff; a budget far above what the injected faults can use up."""
+    tables = []
+    for event_type, collection in plan.COLLECTIONS.items():
+        tables.append(
+            f"""
+[[routes]]
+match = "{event_type}"
+name = "crm-{collection}"
+action = "http"
+url = "{crm_url}/{collection}"
+external_ref_pointer = "/id"
+reconcile_url = "{crm_url}/{collection}/by-key/{{key}}"
+connect_timeout_seconds = 1
+read_timeout_seconds = 1
+backoff_base_seconds = 0.2
+backoff_cap_seconds = 2
+max_attempts = {max_attempts}
+"""
+        )
+    path.write_text("".join(tables), encoding="utf-8")
+    return path
+
+
+class Chaos:
+    """Runs the fault schedule against the fleet and the servers from its own thread, and
+    supervises the fleet meanwhile: a process that ends although nobody killed it is
+    recorded as an incident and replaced, as compose's restart policy would."""
+
+    def __init__(
+        self,
+        faults: list[plan.Fault],
+        fleet: Fleet,
+        redis: OwnRedis,
+        postgres: OwnPostgres,
+        sender: Sender,
+        rng: random.Random,
+        concurrency: int,
+        pg_down_seconds: float,
+    ) -> None:
+        self.faults = faults
+        self.fleet = fleet
+        self.redis = redis
+        self.postgres = postgres
+        self.sender = sender
+        self.rng = rng
+        self.concurrency = concurrency
+        self.pg_down_seconds = pg_down_seconds
+        self.log: list[dict[str, Any]] = []
+        self.counts: Counter[str] = Counter()
+        self.outage: tuple[float, float] | None = None
+        self.errors: list[str] = []
+        self.incidents: list[dict[str, Any]] = []
+        self.faults_done = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="chaos", daemon=True)
+
+    def _run(self) -> None:
+        pending = list(self.faults)
+        while not self.stop.is_set():
+            if not pending:
+                self.faults_done.set()
+            elif self.sender.now() >= pending[0].at:
+                self._do(pending.pop(0))
+                continue
+            self.supervise()
+            self.stop.wait(0.25)
+
+    def _do(self, fault: plan.Fault) -> None:
+        started = self.sender.now()
+        try:
+            detail = getattr(self, fault.kind)()
+        except Exception as error:  # a fault that could not be done is reported, not hidden
+            self.errors.append(f"{fault.kind} at {started:.1f} s: {error!r}")
+            traceback.print_exc()
+            return
+        self.counts[fault.kind] += 1
+        entry = {
+            "at": round(started, 2),
+            "kind": fault.kind,
+            "took": round(self.sender.now() - started, 2),
+            **detail,
+        }
+        self.log.append(entry)
+        say(f"fault  {entry}")
+
+    def supervise(self) -> None:
+        now = self.sender.now()
+        for proc in self.fleet.alive("worker"):
+            # A Celery worker that logged "Unrecoverable error" is shutting down; if it is
+            # still there after HUNG_AFTER seconds it is a husk that takes no task: a
+            # liveness probe would kill it, and so does the soak.
+            if proc.broken_since is None and "Unrecoverable error" in self.fleet.new_log_text(proc):
+                proc.broken_since = now
+            if proc.broken_since is not None and now - proc.broken_since > HUNG_AFTER:
+                self.fleet.kill(proc)
+                self._incident(proc, f"hung {HUNG_AFTER:.0f} s after an unrecoverable error")
+        for proc in self.fleet.unexpected_exits():
+            self._incident(proc, f"exited by itself with code {proc.process.returncode}")
+
+    def _incident(self, proc: Proc, what: str) -> None:
+        incident: dict[str, Any] = {
+            "noticed_at": round(self.sender.now(), 2),
+            "process": proc.name,
+            "what": what,
+            "last_error": self.fleet.last_error(proc),
+        }
+        try:
+            incident["replaced_by"] = self.fleet.replace(proc, self.concurrency).name
+        except Exception as error:
+            incident["replaced_by"] = None
+            self.errors.append(f"replacing {proc.name}: {error!r}")
+        self.incidents.append(incident)
+        say(f"incident  {incident}")
+
+    def kill_worker(self) -> dict[str, Any]:
+        victim = self.rng.choice(self.fleet.alive("worker"))
+        pids = self.fleet.kill(victim)
+        new = self.fleet.start_worker(self.concurrency)
+        return {"killed": victim.name, "pids": pids, "started": new.name}
+
+    def kill_relay(self) -> dict[str, Any]:
+        victim = self.rng.choice(self.fleet.alive("relay"))
+        pids = self.fleet.kill(victim)
+        new = self.fleet.start_relay()
+        return {"killed": victim.name, "pids": pids, "started": new.name}
+
+    def restart_redis(self) -> dict[str, Any]:
+        self.redis.restart(pause=1.0)
+        return {"port": self.redis.port}
+
+    def restart_postgres(self) -> dict[str, Any]:
+        down = self.sender.now()
+        self.postgres.stop_fast()
+        stopped = self.sender.now()
+        time.sleep(self.pg_down_seconds)
+        self.postgres.start_again()
+        up = self.sender.now()
+        self.outage = (down, up)
+        return {"down_at": round(down, 2), "stopped_at": round(stopped, 2), "up_at": round(up, 2)}
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class Timeline:
+    """A sample of the run every few seconds (load average, keys by status, outbox backlog,
+    client progress) for the report; every third one is printed."""
+
+    def __init__(self, database_url: str, sender: Sender, every: float = 5.0) -> None:
+        self.database_url = database_url
+        self.sender = sender
+        self.every = every
+        self.samples: list[dict[str, Any]] = []
+        self.max_load = 0.0
+        self._next = 0.0
+
+    def tick(self) -> None:
+        load = os.getloadavg()[0]
+        self.max_load = max(self.max_load, load)
+        now = self.sender.now()
+        if now < self._next:
+            return
+        self._next = now + self.every
+        sample: dict[str, Any] = {
+            "t": round(now, 1),
+            "load1": round(load, 2),
+            "answers": len(self.sender.answers),
+            "outstanding": self.sender.outstanding(),
+        }
+        try:
+            sample.update(check.progress(self.database_url))
+        except Exception as error:
+            sample["database"] = type(error).__name__
+        self.samples.append(sample)
+        if len(self.samples) % 3 == 1:
+            say("progress " + " ".join(f"{k}={v}" for k, v in sample.items()))
+
+
+def _wait_quiescent(
+    database_url: str, crm: FakeCrm, timeout: float, timeline: Timeline, settle: float = 3.0
+) -> tuple[bool, dict[str, int], float]:
+    """Wait until every key is final, no outbox row is due and the CRM is idle, and stays so
+    for `settle` seconds (a late, stale write would show up in that time)."""
+    started = time.monotonic()
+    deadline = started + timeout
+    counts: dict[str, int] = {}
+    quiet_since: float | None = None
+    while time.monotonic() < deadline:
+        timeline.tick()
+        try:
+            counts = check.progress(database_url)
+        except Exception as error:
+            say(f"quiescence: database not readable yet ({type(error).__name__})")
+            time.sleep(1)
+            continue
+        idle = (
+            check.unfinished(counts) == 0
+            and counts["outbox_due"] == 0
+            and crm.snapshot()["inflight"] == 0
+        )
+        if idle:
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= settle:
+                return True, counts, time.monotonic() - started
+        else:
+            quiet_since = None
+        time.sleep(0.5)
+    return False, counts, time.monotonic() - started
+
+
+def _fmt(counter: dict[str, int] | Counter[str]) -> str:
+    items = sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{k} {v}" for k, v in items) or "none"
+
+
+def _quiescence(report: dict[str, Any]) -> str:
+    bound = f"the {report['quiesce_timeout']:.0f} s bound"
+    if report["quiescence_seconds"] is None:
+        return f"never ({bound} and the extra observation both passed)"
+    verdict = "within" if report["quiescent_within_bound"] else "NOT within"
+    return f"{report['quiescence_seconds']} s after the last request ({verdict} {bound})"
+
+
+def _incidents(incidents: list[dict[str, Any]]) -> str:
+    if not incidents:
+        return "none"
+    return "; ".join(
+        f"{i['process']} {i['what']} (noticed at {i['noticed_at']:.0f} s,"
+        f" replaced by {i['replaced_by']}): {i['last_error'] or 'no error logged'}"
+        for i in incidents
+    )
+
+
+def table(report: dict[str, Any]) -> str:
+    s, a, g, c, f = (
+        report["sent"],
+        report["answers"],
+        report["gateway"],
+        report["crm"],
+        report["faults"],
+    )
+    statuses = a["answers_by_status"]
+    two_xx = sum(n for code, n in statuses.items() if code.startswith("2"))
+    rows = [
+        (
+            "sent",
+            f"{s['events']} events, {s['deliveries']} deliveries ({_fmt(s['by_kind'])}),"
+            f" {s['requests']} requests",
+        ),
+        ("delivered", f"{two_xx} answered 2xx; answers: {_fmt(statuses)}"),
+        (
+            "duplicates blocked",
+            f"{a['receiver_duplicates']} repeats answered by the receiver,"
+            f" {g['blocked_deliveries']} redundant deliveries refused by the workers' claim",
+        ),
+        (
+            "conflicts",
+            f"{a['conflicts_refused']} refused with 422"
+            f" (of {s['by_kind'].get('conflict', 0)} sent)",
+        ),
+        (
+            "database outage",
+            f"{f['pg_down_seconds']} s down; answers meanwhile:"
+            f" {_fmt(a['answers_during_outage'])}; max latency"
+            f" {a['max_latency_during_outage_seconds']} s (overall {a['max_latency_seconds']} s)",
+        ),
+        (
+            "deliveries",
+            f"{g['outbox_rows']} outbox rows (messages) for {s['events']} events;"
+            f" {g['blocked_deliveries']} deliveries refused by the claim",
+        ),
+        ("retries by code", _fmt(g["retries_by_code"])),
+        ("attempts", _fmt(g["attempts_by_outcome"])),
+        (
+            "leases reclaimed",
+            f"{g['leases_reclaimed']} (sweeper re-drove"
+            f" {g['sweeper'].get('leases_reclaimed', 0)} expired leases and"
+            f" {g['sweeper'].get('redriven', 0)} lost messages)",
+        ),
+        (
+            "reconciled",
+            f"{g['reconciled'].get('found', 0)} found,"
+            f" {g['reconciled'].get('not_found', 0)} not found",
+        ),
+        ("dead letters", _fmt(g["dead_letters_by_kind"])),
+        (
+            "side effects",
+            f"{c['effects_total']} at the CRM for {c['keys_with_effect']} keys"
+            f" ({c['keys_with_more_than_one']} keys with more than one); {c['writes']} writes,"
+            f" {c['lookups']} lookups",
+        ),
+        ("final states", _fmt(g["statuses"])),
+        (
+            "faults",
+            f"{f['kill_worker']} worker kills, {f['kill_relay']} relay kills,"
+            f" {f['restart_redis']} Redis restarts, {f['restart_postgres']} PostgreSQL restarts;"
+            f" CRM injected: {_fmt(c['injected'])}",
+        ),
+        ("incidents", _incidents(report["incidents"])),
+        ("quiescence", _quiescence(report)),
+        (
+            "machine",
+            f"{report['machine']['cpus']} CPUs, load average up to"
+            f" {report['machine']['max_load1']} during the run",
+        ),
+        (
+            "violations",
+            f"{report['violations']['total']}"
+            + (
+                f" ({_fmt(report['violations']['by_check'])})"
+                if report["violations"]["total"]
+                else ""
+            ),
+        ),
+    ]
+    width = max(len(name) for name, _ in rows)
+    head = (
+        f"idem chaos soak: seed {report['seed']}, {report['duration']:g} s, {s['events']} events,"
+        f" {report['workers']} workers x {report['concurrency']}, {report['started_at']}"
+    )
+    return "\n".join([head, *(f"  {name:<{width}}  {value}" for name, value in rows)])
+
+
+def run(args: argparse.Namespace) -> int:
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
+    started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    t_start = time.monotonic()
+    # Outside pytest's tree and the project: the embedded server runs as its own system user.
+    base = Path(tempfile.mkdtemp(prefix="idem-chaos-"))
+    log_dir = base / "logs"
+    metrics_root = base / "metrics"
+    log_dir.mkdir()
+    metrics_root.mkdir()
+    say(f"chaos: seed {seed}, {args.duration} s, {args.events} events, work dir {base}")
+
+    crm = FakeCrm(seed)
+    postgres = OwnPostgres(base / "pg")
+    redis = OwnRedis(base / "redis")
+    fleet: Fleet | None = None
+    sender: Sender | None = None
+    chaos: Chaos | None = None
+    keep_logs = args.keep_logs
+    report: dict[str, Any] = {}
+    try:
+        crm.start()
+        database_url = postgres.start()
+        redis_url = redis.start()
+        upgrade(database_url)
+        routes = write_routes(base / "routes.toml", crm.url, args.max_attempts)
+        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        env.update(
+            DATABASE_URL=database_url,
+            REDIS_URL=redis_url,
+            ROUTES_FILE=str(routes),
+            LOG_FORMAT="json",
+            LOG_LEVEL="INFO",
+            LEASE_SECONDS="5",
+            SWEEP_INTERVAL_SECONDS="0.5",
+            SWEEP_GRACE_SECONDS=str(args.sweep_grace),
+            RELAY_POLL_SECONDS="0.5",
+            PYTHONPATH=str(ROOT),
+        )
+        fleet = Fleet(env, log_dir, metrics_root)
+        fleet.start_receiver()
+        for _ in range(2):
+            fleet.start_relay()
+        for _ in range(args.workers):
+            fleet.start_worker(args.concurrency)
+        fleet.start_sweeper()
+
+        events, deliveries = plan.plan_events(seed, args.events, args.duration)
+        faults = plan.plan_faults(seed, args.duration)
+        sender = Sender(f"http://127.0.0.1:{fleet.receiver_port}", deliveries)
+        chaos = Chaos(
+            faults,
+            fleet,
+            redis,
+            postgres,
+            sender,
+            random.Random(f"victims:{seed}"),
+            args.concurrency,
+            args.pg_down_seconds,
+        )
+        say(
+            f"chaos: {len(deliveries)} deliveries,"
+            f" faults: {[(round(f.at), f.kind) for f in faults]}"
+        )
+        sender.start()
+        chaos.thread.start()
+
+        timeline = Timeline(database_url, sender)
+        while sender.now() < args.duration or not chaos.faults_done.is_set():
+            time.sleep(0.5)
+            timeline.tick()
+            if sender.now() > args.duration + 120:
+                break
+        # The faults are over; the supervisor keeps watching until the checks have their data.
+        drain_deadline = time.monotonic() + 90
+        while sender.outstanding() and time.monotonic() < drain_deadline:
+            time.sleep(0.5)
+            timeline.tick()
+        drained = sender.outstanding() == 0
+        last_request = sender.now()
+        quiet, counts, quiet_after = _wait_quiescent(
+            database_url, crm, args.quiesce_timeout, timeline
+        )
+        within_bound, counts_at_bound = quiet, counts
+        say(f"chaos: quiescent={quiet} after {quiet_after:.1f} s: {counts}")
+        if not quiet and args.observe_after > 0:
+            # The verdict is already "not quiescent in time"; keep watching, so the report
+            # says whether the gateway was stuck or only slow, and checks the final state.
+            quiet, counts, extra = _wait_quiescent(database_url, crm, args.observe_after, timeline)
+            quiet_after += extra
+            say(f"chaos: then quiescent={quiet} after {quiet_after:.1f} s: {counts}")
+        sender.stop()
+        crm_state = crm.snapshot()
+        db = check.read_db(database_url)
+        chaos.stop.set()
+        chaos.thread.join(timeout=120)
+        fleet.stop_all()
+        counters = check.worker_counters(fleet.metrics_dirs())
+        sweeps = check.sweeper_totals(sorted(log_dir.glob("sweeper-*.log")))
+
+        violations, facts = check.verify(
+            events, deliveries, sender.answers, sender.final, crm_state, db, chaos.outage
+        )
+        if not drained:
+            violations.add("clients_not_done", f"{sender.outstanding()} deliveries unanswered")
+        if not within_bound:
+            violations.add(
+                "not_quiescent", f"after {args.quiesce_timeout:.0f} s: {counts_at_bound}"
+            )
+        if args.strict_processes:
+            for incident in chaos.incidents:
+                violations.add(
+                    "process_lost",
+                    f"{incident['process']} {incident['what']}: {incident['last_error']}",
+                )
+        for error in chaos.errors:
+            violations.add("fault_failed", error)
+        for kind in ("kill_worker", "kill_relay", "restart_redis", "restart_postgres"):
+            if not chaos.counts[kind]:
+                violations.add("fault_missing", f"no {kind} happened")
+
+        effects = crm_state["effects"]
+        dead_kinds: Counter[str] = Counter(
+            kind for letters in db.dead_letters.values() for kind, _ in letters
+        )
+        report = {
+            "ok": violations.total == 0,
+            "seed": seed,
+            "duration": args.duration,
+            "events": args.events,
+            "workers": args.workers,
+            "concurrency": args.concurrency,
+            "started_at": started_at,
+            "elapsed_seconds": round(time.monotonic() - t_start, 1),
+            "quiescence_seconds": round(quiet_after, 1) if quiet else None,
+            "quiescent_within_bound": within_bound,
+            "quiesce_timeout": args.quiesce_timeout,
+            "machine": {
+                "cpus": os.cpu_count(),
+                "max_load1": round(timeline.max_load, 2),
+                "load1_at_end": round(os.getloadavg()[0], 2),
+            },
+            "last_request_at": round(last_request, 1),
+            "sent": {
+                "events": len(events),
+                "deliveries": len(deliveries),
+                "by_kind": dict(Counter(d.kind for d in deliveries)),
+                "requests": len(sender.answers),
+            },
+            "behaviours": dict(Counter(e.behaviour.kind for e in events)),
+            "answers": facts,
+            "crm": {
+                "effects_total": sum(effects.values()),
+                "keys_with_effect": len(effects),
+                "keys_with_more_than_one": sum(1 for n in effects.values() if n > 1),
+                "writes": sum(crm_state["posts"].values()),
+                "lookups": sum(crm_state["lookups"].values()),
+                "injected": crm_state["injected"],
+            },
+            "gateway": {
+                "statuses": dict(Counter(r["status"] for r in db.keys.values())),
+                "dead_letters_by_kind": dict(dead_kinds),
+                "leases_reclaimed": sum(r["reclaimed_count"] for r in db.keys.values()),
+                "blocked_deliveries": sum(r["blocked_deliveries"] for r in db.keys.values()),
+                "duplicate_count": sum(r["duplicate_count"] for r in db.keys.values()),
+                "retries_by_code": dict(counters["retries"]),
+                "attempts_by_outcome": dict(counters["attempts"]),
+                "reconciled": dict(counters["reconciled"]),
+                "reconciled_results": sum(
+                    1 for r in db.keys.values() if (r["result"] or {}).get("reconciled")
+                ),
+                "sweeper": dict(sweeps),
+                "outbox_rows": db.outbox_rows,
+                "outbox_unpublished": db.outbox_unpublished,
+            },
+            "faults": {
+                "kill_worker": chaos.counts["kill_worker"],
+                "kill_relay": chaos.counts["kill_relay"],
+                "restart_redis": chaos.counts["restart_redis"],
+                "restart_postgres": chaos.counts["restart_postgres"],
+                "pg_down_seconds": round(chaos.outage[1] - chaos.outage[0], 1)
+                if chaos.outage
+                else 0,
+                "log": chaos.log,
+            },
+            "incidents": chaos.incidents,
+            "timeline": timeline.samples,
+            "violations": violations.as_dict(),
+        }
+        keep_logs = keep_logs or violations.total > 0 or bool(chaos.incidents)
+    except BaseException as error:
+        report = {
+            "ok": False,
+            "seed": seed,
+            "started_at": started_at,
+            "error": f"{type(error).__name__}: {error}",
+            "violations": {"total": 1, "by_check": {"soak_failed": 1}, "examples": {}},
+        }
+        keep_logs = True
+        traceback.print_exc()
+    finally:
+        if sender is not None:
+            sender.stop()
+        if chaos is not None:
+            chaos.stop.set()
+        if fleet is not None:
+            fleet.stop_all()
+        redis.stop()
+        postgres.cleanup()
+        crm.stop()
+        if keep_logs and log_dir.exists():
+            # Next to the report, so a test's logs stay in its own temporary directory.
+            name = f"chaos-logs-{seed}-{started_at.replace(':', '')}"
+            kept = Path(args.report).resolve().parent / name
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(log_dir, kept, dirs_exist_ok=True)
+            report["logs"] = str(kept)
+        shutil.rmtree(base, ignore_errors=True)
+
+    report_path = Path(args.report)
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(json.dumps(report, indent=2, sort_keys=False, default=str) + "\n")
+    if "error" in report:
+        say(f"chaos: the soak could not run: {report['error']}")
+        say(f"chaos: report in {report_path}")
+        return 2
+    print(table(report))
+    for name, examples in report["violations"]["examples"].items():
+        print(f"  violation {name}:")
+        for example in examples:
+            print(f"    - {example}")
+    if report.get("logs"):
+        print(f"  logs kept in {report['logs']}")
+    print(f"  report: {report_path}")
+    return 0 if report["ok"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos.soak", description=__doc__)
+    parser.add_argument("--duration", type=float, default=300, help="seconds of traffic and faults")
+    parser.add_argument("--events", type=int, default=5000, help="distinct events to send")
+    parser.add_argument("--seed", type=int, default=None, help="default: a random one (printed)")
+    parser.add_argument("--report", default=str(DEFAULT_REPORT), help="where the JSON report goes")
+    parser.add_argument("--workers", type=int, default=3, help="worker processes (at least 2)")
+    parser.add_argument("--concurrency", type=int, default=2, help="pool processes per worker")
+    parser.add_argument("--max-attempts", type=int, default=30, help="the routes' attempt budget")
+    parser.add_argument("--pg-down-seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--sweep-grace",
+        type=float,
+        default=3.0,
+        help="SWEEP_GRACE_SECONDS of the sweeper (3: lost messages are re-sent quickly)",
+    )
+    parser.add_argument(
+        "--quiesce-timeout",
+        type=float,
+        default=120.0,
+        help="seconds after the last request by which every key must be finished",
+    )
+    parser.add_argument(
+        "--observe-after",
+        type=float,
+        default=300.0,
+        help="when that bound is missed (a violation), keep watching this long before the"
+        " final checks, to tell 'slow' from 'stuck' (0: check at once)",
+    )
+    parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
+    parser.add_argument(
+        "--strict-processes",
+        action="store_true",
+        help="count a process that exits by itself as a violation (default: an incident,"
+        " reported and replaced like a supervisor would)",
+    )
+    args = parser.parse_args(argv)
+    if args.workers < 2:
+        parser.error("--workers must be at least 2")
+
+    def interrupted(signum: int, _: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupted)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The chaos soak, CI-sized: one minute of faults over 600 events must break no invariant."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT
+
+
+@pytest.mark.timeout(300)
+def test_chaos_soak_breaks_no_invariant(tmp_path: Path) -> None:
+    """`python -m tests.chaos.soak --duration 60 --events 600` exits 0, its report counts
+    no violation, and every kind of fault really happened."""
+    report_path = tmp_path / "chaos-report.json"
+    command = [
+        sys.executable,
+        "-m",
+        "tests.chaos.soak",
+        "--duration",
+        "60",
+        "--events",
+        "600",
+        "--report",
+        str(report_path),
+        # A missed quiescence bound fails at once instead of being watched for minutes.
+        "--observe-after",
+        "0",
+    ]
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        output, _ = process.communicate(timeout=270)
+    except subprocess.TimeoutExpired:
+        # SIGTERM lets the soak stop every server and process it started.
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+        pytest.fail(f"the soak did not finish in time:\n{output[-6000:]}")
+    assert report_path.exists(), output[-6000:]
+    report = json.loads(report_path.read_text())
+    assert process.returncode == 0, output[-6000:]
+    assert report["ok"] is True
+    assert report["violations"]["total"] == 0, report["violations"]
+
+    faults = report["faults"]
+    assert faults["kill_worker"] >= 1
+    assert faults["kill_relay"] >= 1
+    assert faults["restart_redis"] >= 1
+    assert faults["restart_postgres"] == 1
+    injected = report["crm"]["injected"]
+    assert injected.get("lost", 0) >= 1, injected
+    assert injected.get("slow", 0) >= 1, injected
+    assert injected.get("503", 0) >= 1, injected
+    # The receiver said 503 + Retry-After while PostgreSQL was down.
+    assert report["answers"]["answers_during_outage"].get("503", 0) >= 1
+    assert report["answers"]["max_latency_seconds"] < 10
