@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run demo test test-slow chaos lint format up migrate clean
+.PHONY: help install run demo test test-slow chaos lint format up migrate clean bench
 
 help: ## List the targets with what they do
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'

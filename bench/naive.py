@@ -1,0 +1,167 @@
+"""The naive design the gateway is compared with: no outbox, no claim.
+
+`python -m bench.naive serve --port P`: a bare uvicorn endpoint (same server options as `idem
+serve`) that calls Celery's `send_task` directly and answers 202.
+`python -m bench.naive worker --concurrency 2`: a Celery worker with the gateway worker's
+settings (prefork, prefetch 1, acks_late, reject on worker lost, JSON, task events, no mingle or
+gossip, log level INFO) whose task INCRs a counter in Redis and pushes "accept done" (both
+`time.time()` on this machine) onto a list, from which the benchmark reads latencies.
+
+REDIS_URL names the broker; the queue, counter and list live in Redis database NAIVE_DB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import redis
+
+QUEUE = "naive"
+TASK = "bench.naive"
+COUNTER = "bench:naive:done"
+TIMES = "bench:naive:times"
+NAIVE_DB = 1
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+def broker_url() -> str:
+    return os.environ["REDIS_URL"].rsplit("/", 1)[0] + f"/{NAIVE_DB}"
+
+
+def _conf() -> dict[str, Any]:
+    # The gateway worker's settings (worker/app.py), on the naive queue.
+    return {
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "task_ignore_result": True,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_default_queue": QUEUE,
+        "worker_hijack_root_logger": False,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {"visibility_timeout": 3600},
+    }
+
+
+def celery_app(name: str) -> Any:
+    from celery import Celery
+
+    app = Celery(name, broker=broker_url(), set_as_current=True)
+    app.conf.update(_conf())
+    return app
+
+
+class NaiveEndpoint:
+    """POST anything: send the task with the accept time, answer 202."""
+
+    def __init__(self) -> None:
+        self.app = celery_app("naive-endpoint")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                kind = message["type"].rsplit(".", 1)[-1]
+                await send({"type": f"lifespan.{kind}.complete"})
+                if kind == "shutdown":
+                    return
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        document = json.loads(b"".join(chunks))
+        accepted = time.time()
+        # Directly from the request, as a naive design does: blocking send, no outbox.
+        self.app.send_task(TASK, args=[str(document["external_id"]), accepted])
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 202,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": b'{"status":"queued"}'})
+
+
+def create_app() -> NaiveEndpoint:
+    return NaiveEndpoint()
+
+
+def serve(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(
+        "bench.naive:create_app",
+        factory=True,
+        host="127.0.0.1",
+        port=port,
+        workers=1,
+        log_config=None,
+        access_log=False,
+        server_header=False,
+    )
+
+
+def worker(concurrency: int) -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+    app = celery_app("naive")
+    state: dict[str, redis.Redis] = {}
+
+    @app.task(name=TASK, ignore_result=True)  # type: ignore[untyped-decorator]
+    def noop(external_id: str, accepted: float) -> None:
+        client = state.get("redis")
+        if client is None:
+            client = state["redis"] = redis.Redis.from_url(broker_url())
+        client.incr(COUNTER)
+        client.rpush(TIMES, f"{accepted} {time.time()}")
+
+    app.worker_main(
+        [
+            "worker",
+            "--queues",
+            QUEUE,
+            "--concurrency",
+            str(concurrency),
+            "--pool",
+            "prefork",
+            "--loglevel",
+            "INFO",
+            "--hostname",
+            "naive@%h",
+            "--task-events",
+            "--without-mingle",
+            "--without-gossip",
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("role", choices=["serve", "worker"])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--concurrency", type=int, default=2)
+    args = parser.parse_args()
+    if args.role == "serve":
+        serve(args.port)
+    else:
+        worker(args.concurrency)
+
+
+if __name__ == "__main__":
+    main()
