@@ -26,25 +26,37 @@ def _connect_args(settings: Settings, statement_timeout: bool) -> dict[str, Any]
 
 
 def create_receiver_engine(settings: Settings) -> AsyncEngine:
-    """The receiver's pool: bounded waits everywhere, so an outage is a fast 503, not a hang."""
+    """The receiver's pool: bounded waits everywhere, so an outage is a fast 503, not a hang.
+
+    Every step the receiver takes (reserve a key, claim, heartbeat, complete, fail, look up) is
+    ONE statement, atomic by itself, so the pool runs in autocommit: `begin()` then sends no
+    BEGIN and no COMMIT, two round trips saved per request. A step that needs several
+    statements in one transaction must not run on this engine.
+    """
     return create_async_engine(
         settings.sqlalchemy_url(),
+        isolation_level="AUTOCOMMIT",
         pool_size=settings.db_pool_size,
-        max_overflow=settings.db_pool_size,
+        max_overflow=0,
         pool_timeout=settings.db_timeout_seconds,
         pool_recycle=3600,
         connect_args=_connect_args(settings, statement_timeout=True),
     )
 
 
-def create_sync_engine(settings: Settings, *, pool_size: int = 2) -> Engine:
-    """A small pool for a relay or a worker process (one statement at a time per thread)."""
+def create_sync_engine(settings: Settings, *, pool_size: int = 2, pre_ping: bool = True) -> Engine:
+    """A small pool for a relay or a worker process (one statement at a time per thread).
+
+    `pre_ping` tests each connection with a round trip before handing it out. The worker turns
+    it off: its store sends one statement per step and retries it once on a dead connection,
+    which finds the same dead connections without a round trip per step.
+    """
     return create_engine(
         settings.sqlalchemy_url(),
         pool_size=pool_size,
         max_overflow=2,
         pool_timeout=30,
-        pool_pre_ping=True,
+        pool_pre_ping=pre_ping,
         pool_recycle=3600,
         connect_args=_connect_args(settings, statement_timeout=False),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
@@ -42,13 +43,18 @@ class Envelope(BaseModel):
             raise ValueError("must contain a non-space character")
         return value
 
-    @property
+    @cached_property
     def normalized_source(self) -> str:
         return keys.normalize_text(self.source).casefold()
 
-    @property
+    @cached_property
     def normalized_event_type(self) -> str:
         return keys.normalize_text(self.event_type).casefold()
+
+    @cached_property
+    def payload_json(self) -> str:
+        """The payload's canonical JSON: hashed, and stored as it is (jsonb keeps no order)."""
+        return keys.canonical_json(self.payload)
 
     def derived_key(self, *, fold_external_id_case: bool) -> str:
         """The key built from the envelope's parts (used when no Idempotency-Key is sent)."""
@@ -72,12 +78,10 @@ class Envelope(BaseModel):
         if fold_external_id_case:
             external_id = external_id.casefold()
         version = None if self.version is None else keys.normalize_part(str(self.version))
-        return keys.payload_hash(
-            {
-                "source": self.normalized_source,
-                "event_type": self.normalized_event_type,
-                "external_id": external_id,
-                "version": version or None,
-                "payload": self.payload,
-            }
+        return keys.event_hash(
+            self.normalized_source,
+            self.normalized_event_type,
+            external_id,
+            version or None,
+            self.payload_json,
         )

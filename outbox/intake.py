@@ -1,13 +1,14 @@
-"""Accepting an event: the receiver's store. One transaction per request, one closed outcome.
+"""Accepting an event: the receiver's store. One statement per request, one closed outcome.
 
-The request is a small state machine (see rocket-rides-atomic): try to reserve the key with the
-event and its outbox row; if the key exists, either count a repeat of the same payload or report
-a conflict. A key purged between the two statements makes the loop try again.
+The request is a small state machine (see rocket-rides-atomic): one statement reserves the key
+with the event and its outbox row, or counts a repeat of the same payload and returns the key's
+state; only when it returns nothing does a second look tell a payload conflict from a key purged
+in between (then the loop tries again). The receiver's engine commits each statement by itself
+(`create_receiver_engine`), so a new event costs one round trip.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -29,7 +30,8 @@ class NewEvent:
     event_type: str
     external_id: str
     version: str | None
-    payload: dict[str, Any]
+    # The payload's JSON text (canonical: the same text its hash was taken over).
+    payload_json: str
     route: str
     ttl_seconds: float
     workflow_name: str | None
@@ -81,7 +83,7 @@ async def accept(engine: AsyncEngine, event: NewEvent) -> Outcome:
         "event_type": event.event_type,
         "external_id": event.external_id,
         "version": event.version,
-        "payload": json.dumps(event.payload, ensure_ascii=False, allow_nan=False),
+        "payload": event.payload_json,
         "route": event.route,
         "ttl_seconds": event.ttl_seconds,
         "workflow_name": event.workflow_name,
@@ -92,36 +94,21 @@ async def accept(engine: AsyncEngine, event: NewEvent) -> Outcome:
     if event.contract_violations:
         reserve = queries.RESERVE_KEY_QUARANTINED
         params["error_detail"] = "; ".join(event.contract_violations)[:2048]
-    # Two rounds cover the only race: the key purged between RESERVE and RECORD_DUPLICATE.
+    # Two rounds cover the only race: the key purged between RESERVE_KEY and KEY_EXISTS.
     for _ in range(2):
         async with engine.begin() as conn:
-            reserved = (await conn.execute(reserve, params)).mappings().first()
-            if reserved is not None:
-                return Accepted(
-                    event.key,
-                    reserved["correlation_id"],
-                    reserved["created_at"],
-                    reserved["status"],
-                )
-            repeat = (
-                (
-                    await conn.execute(
-                        queries.RECORD_DUPLICATE,
-                        {"key": event.key, "payload_hash": event.payload_hash},
-                    )
-                )
-                .mappings()
-                .first()
-            )
-            if repeat is not None:
+            row = (await conn.execute(reserve, params)).mappings().first()
+            if row is not None and row["inserted"]:
+                return Accepted(event.key, row["correlation_id"], row["created_at"], row["status"])
+            if row is not None:
                 return Repeated(
                     key=event.key,
-                    status=repeat["status"],
-                    correlation_id=repeat["correlation_id"],
-                    result=repeat["result"],
-                    external_ref=repeat["external_ref"],
-                    error_code=repeat["error_code"],
-                    attempts=repeat["attempts"],
+                    status=row["status"],
+                    correlation_id=row["correlation_id"],
+                    result=row["result"],
+                    external_ref=row["external_ref"],
+                    error_code=row["error_code"],
+                    attempts=row["attempts"],
                 )
             exists = (await conn.execute(queries.KEY_EXISTS, {"key": event.key})).first()
             if exists is not None:

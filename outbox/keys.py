@@ -48,6 +48,11 @@ _DERIVED_KEY = re.compile(r"([a-z0-9._-]{1,40}):([a-z0-9._-]{1,40}):([0-9a-f]{64
 _CLIENT_KEY = re.compile(r"[\x21-\x7e]+")
 _CLIENT_KEY_MAX = 255  # Stripe's limit: room for a UUID or composite id, small enough to index
 _ELLIPSIS = "…"
+# Built once: json.dumps builds a new encoder on every call that passes options.
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+_KEY_PARTS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 def normalize_text(value: str) -> str:
@@ -123,7 +128,7 @@ def derive_key(
             raise InvalidKey(f"{name} is empty after normalization")
     norm_version = normalize_part(version) if version is not None else ""
     parts = [norm_source, norm_type, norm_id, norm_version or None]
-    encoded = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
+    encoded = _KEY_PARTS.encode(parts)
     return f"{_slug(norm_source)}:{_slug(norm_type)}:{_sha256(encoded)}"
 
 
@@ -162,14 +167,26 @@ def mask_key(key: str) -> str:
 
 def canonical_json(value: object) -> str:
     """One JSON text per value: sorted keys, no spaces, UTF-8 kept, NaN and Infinity refused."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    return _CANONICAL.encode(value)
 
 
 def payload_hash(value: object) -> str:
     """SHA-256 hex of the canonical JSON, to tell a replay from a different payload."""
     return _sha256(canonical_json(value))
+
+
+def event_hash(
+    source: str, event_type: str, external_id: str, version: str | None, payload_json: str
+) -> str:
+    """`payload_hash` of ``{"source", "event_type", "external_id", "version", "payload"}``
+    given the payload's canonical JSON, so a request serializes its payload once (the same text
+    is stored). The text hashed is exactly `canonical_json` of that object: keys in sorted
+    order, the payload's text spliced in (a property test holds the two equal)."""
+    encode = _CANONICAL.encode
+    return _sha256(
+        f'{{"event_type":{encode(event_type)},"external_id":{encode(external_id)},'
+        f'"payload":{payload_json},"source":{encode(source)},"version":{encode(version)}}}'
+    )
 
 
 def _sha256(text: str) -> str:

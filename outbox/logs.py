@@ -8,19 +8,27 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
 
 
 def configure_logging(log_format: str = "json", level: str = "INFO") -> None:
-    """Route structlog and the standard library (uvicorn, celery, alembic) to one renderer."""
-    timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True)
+    """Route structlog and the standard library (uvicorn, celery, alembic) to one renderer.
+
+    Our own lines skip the standard library: structlog filters by level before doing any work
+    and writes the rendered line itself (a receiver writes one per event, a worker two per
+    attempt, so this is on the hot path). Other libraries' records go through a
+    `ProcessorFormatter` with the same processors, so every line looks the same.
+    """
+    threshold = logging.getLevelName(level.upper())
+    if not isinstance(threshold, int):
+        raise ValueError(f"unknown log level {level!r}")
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
-        structlog.stdlib.add_log_level,
+        structlog.processors.add_log_level,
         structlog.stdlib.add_logger_name,
-        timestamper,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     renderer: Any = (
         structlog.dev.ConsoleRenderer()
@@ -32,10 +40,10 @@ def configure_logging(log_format: str = "json", level: str = "INFO") -> None:
             *shared,
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,
-            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+            renderer,
         ],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
+        wrapper_class=structlog.make_filtering_bound_logger(threshold),
+        logger_factory=_NamedWriterFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
@@ -46,11 +54,29 @@ def configure_logging(log_format: str = "json", level: str = "INFO") -> None:
     handler.setFormatter(formatter)
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    root.setLevel(threshold)
     # Access logs would repeat every request with its URL; the receiver logs what matters.
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
 
 
+class _NamedWriter(structlog.WriteLogger):
+    """Writes rendered lines; carries the name `add_logger_name` puts in each line."""
+
+    def __init__(self, file: TextIO, name: str) -> None:
+        super().__init__(file)
+        self.name = name
+
+
+class _NamedWriterFactory:
+    def __init__(self, file: TextIO) -> None:
+        # The stream as it is now: Celery later replaces sys.stderr with a proxy that would
+        # log every line a second time.
+        self.file = file
+
+    def __call__(self, *args: Any) -> _NamedWriter:
+        return _NamedWriter(self.file, str(args[0]) if args else "")
+
+
 def get_logger(name: str) -> Any:
-    """A structlog logger named after its module."""
+    """A structlog logger named after its module (the `logger` field of each line)."""
     return structlog.get_logger(name)

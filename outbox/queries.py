@@ -14,8 +14,11 @@ from sqlalchemy import TextClause, text
 RESERVE_KEY: TextClause = text(
     """
     -- Reserve the key, store the event and write its outbox row in ONE statement: either all
-    -- three exist at commit or none. ON CONFLICT makes a concurrent repeat a no-op (it waits for
-    -- the first insert's transaction, then returns no row), never a second event.
+    -- three exist at commit or none. A repeat is answered by the same statement: a known key
+    -- with the same payload hash counts the repeat and returns the key's current state
+    -- (`inserted` false: a new key's count is 0, a counted repeat's at least 1), and nothing
+    -- else is written; a concurrent repeat waits for the first insert's transaction, then does
+    -- the same. No row means the key is known with another payload (or was purged between).
     WITH reserved AS (
         INSERT INTO idempotency_keys (
             idempotency_key, payload_hash, correlation_id, source, event_type, route,
@@ -25,18 +28,21 @@ RESERVE_KEY: TextClause = text(
             :key, :payload_hash, :correlation_id, :source, :event_type, :route,
             :workflow_name, :execution_id, now() + make_interval(secs => :ttl_seconds)
         )
-        ON CONFLICT (idempotency_key) DO NOTHING
-        RETURNING idempotency_key, status, correlation_id, created_at
+        ON CONFLICT (idempotency_key) DO UPDATE
+           SET duplicate_count = idempotency_keys.duplicate_count + 1
+         WHERE idempotency_keys.payload_hash = EXCLUDED.payload_hash
+        RETURNING idempotency_key, status, correlation_id, created_at, result, external_ref,
+                  error_code, attempts, duplicate_count = 0 AS inserted
     ), stored AS (
         INSERT INTO events (idempotency_key, source, event_type, external_id, version, payload)
         SELECT idempotency_key, :source, :event_type, :external_id, :version,
                CAST(:payload AS jsonb)
-        FROM reserved
+          FROM reserved WHERE inserted
     ), queued AS (
         INSERT INTO outbox (idempotency_key, task_name, correlation_id)
-        SELECT idempotency_key, :task_name, correlation_id FROM reserved
+        SELECT idempotency_key, :task_name, correlation_id FROM reserved WHERE inserted
     )
-    SELECT idempotency_key, status, correlation_id, created_at FROM reserved
+    SELECT * FROM reserved
     """
 )
 
@@ -44,6 +50,7 @@ RESERVE_KEY_QUARANTINED: TextClause = text(
     """
     -- Like RESERVE_KEY for an event that breaks its route's contract: the key, the event and
     -- a dead letter of kind quarantined in ONE statement, and no outbox row, so no action runs.
+    -- A repeat is counted and answered the same way.
     WITH reserved AS (
         INSERT INTO idempotency_keys (
             idempotency_key, status, payload_hash, correlation_id, source, event_type, route,
@@ -54,39 +61,30 @@ RESERVE_KEY_QUARANTINED: TextClause = text(
             :workflow_name, :execution_id, 'contract_violation', :error_detail, now(),
             now() + make_interval(secs => :ttl_seconds)
         )
-        ON CONFLICT (idempotency_key) DO NOTHING
-        RETURNING idempotency_key, status, correlation_id, created_at
+        ON CONFLICT (idempotency_key) DO UPDATE
+           SET duplicate_count = idempotency_keys.duplicate_count + 1
+         WHERE idempotency_keys.payload_hash = EXCLUDED.payload_hash
+        RETURNING idempotency_key, status, correlation_id, created_at, result, external_ref,
+                  error_code, attempts, duplicate_count = 0 AS inserted
     ), stored AS (
         INSERT INTO events (idempotency_key, source, event_type, external_id, version, payload)
         SELECT idempotency_key, :source, :event_type, :external_id, :version,
                CAST(:payload AS jsonb)
-        FROM reserved
+          FROM reserved WHERE inserted
     ), dead AS (
         INSERT INTO dead_letters (idempotency_key, kind, error_code, error_detail, attempts,
                                   first_failed_at, last_failed_at)
         SELECT idempotency_key, 'quarantined', 'contract_violation', :error_detail, 0, now(),
                now()
-          FROM reserved
+          FROM reserved WHERE inserted
     )
-    SELECT idempotency_key, status, correlation_id, created_at FROM reserved
-    """
-)
-
-RECORD_DUPLICATE: TextClause = text(
-    """
-    -- A repeat with the same payload: count it and return the key's current state, so the
-    -- caller gets the first answer. No row means another payload (or a purged key).
-    UPDATE idempotency_keys
-       SET duplicate_count = duplicate_count + 1
-     WHERE idempotency_key = :key AND payload_hash = :payload_hash
-    RETURNING idempotency_key, status, correlation_id, result, external_ref, error_code,
-              attempts, created_at, updated_at
+    SELECT * FROM reserved
     """
 )
 
 KEY_EXISTS: TextClause = text(
     """
-    -- Tells a payload conflict (the key exists) from a key purged between two statements.
+    -- Tells a payload conflict (the key exists) from a key purged just before RESERVE_KEY.
     SELECT 1 FROM idempotency_keys WHERE idempotency_key = :key
     """
 )

@@ -29,6 +29,7 @@ from outbox.claims_api import claims_router
 from outbox.console import console_router
 from outbox.db import create_receiver_engine, create_sync_engine
 from outbox.envelope import Envelope
+from outbox.fastpath import EVENTS_PATH, Receiver, read_body
 from outbox.logs import get_logger
 from outbox.metrics import ReceiverMetrics
 from outbox.migrate import is_at_head
@@ -45,7 +46,7 @@ TERMINAL_STATUSES = frozenset({"succeeded", "failed_final", "quarantined"})
 ENVELOPE_SCHEMA = Envelope.model_json_schema()
 
 
-def create_app(settings: Settings | None = None, routes: RouteTable | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, routes: RouteTable | None = None) -> Receiver:
     """Build the receiver for `settings` (the environment's by default)."""
     settings = settings or get_settings()
     routes = routes or load_routes(settings.routes_file)
@@ -69,7 +70,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
             await state["engine"].dispose()
             state["sync_engine"].dispose()
 
-    app = FastAPI(
+    app = Receiver(
         title="idem gateway",
         version="0.1.0",
         summary="Exactly-once side effects for automation workflows.",
@@ -131,7 +132,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
             raise _unavailable(settings) from error
 
     @app.post(
-        "/v1/events",
+        EVENTS_PATH,
         status_code=202,
         responses={
             200: json_response("A repeat of a finished event: the first answer"),
@@ -155,7 +156,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
     )
     async def post_event(request: Request) -> JSONResponse:
         """Store an event once; repeats get the first answer (`Idempotent-Replayed: true`)."""
-        body = await _read_body(request, settings.max_body_bytes)
+        body = await read_body(request, settings.max_body_bytes)
         envelope = _parse_envelope(body)
         signer = source_secrets.get(envelope.normalized_source)
         if signer is not None:
@@ -187,7 +188,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
             event_type=event_type,
             external_id=str(envelope.external_id),
             version=None if envelope.version is None else str(envelope.version),
-            payload=envelope.payload,
+            payload_json=envelope.payload_json,
             route=route.label,
             ttl_seconds=route.ttl_seconds,
             workflow_name=envelope.workflow,
@@ -255,6 +256,8 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
                 )
             case _:
                 assert_never(outcome)
+
+    app.ingest = post_event
 
     @app.get("/v1/events/{key:path}", responses=problem_responses(404, 422, 503))
     async def get_event(key: str) -> JSONResponse:
@@ -350,25 +353,6 @@ def readiness(engine: Engine, redis_url: str) -> dict[str, bool]:
     except Exception as error:
         log.warning("readyz.broker", error=type(error).__name__)
     return checks
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """Read at most `limit` bytes; refuse early on a declared size, and on a streamed one."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _too_large(limit: int) -> Problem:
-    return Problem(413, "payload_too_large", f"The body exceeds {limit} bytes.", limit=limit)
 
 
 def _reject_constant(name: str) -> Any:

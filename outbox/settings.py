@@ -35,7 +35,9 @@ class Settings(BaseSettings):
     # A request never waits longer than this for a connection or a statement, so a dead
     # database yields a quick 503 instead of a hang.
     db_timeout_seconds: float = Field(default=3.0, gt=0)
-    db_pool_size: int = Field(default=10, ge=1)
+    # The receiver's connections, all opened on demand and kept: a fixed pool, because
+    # connections opened for a burst and closed after it cost a server process each.
+    db_pool_size: int = Field(default=20, ge=1)
 
     # The relay. Polling is the fallback for a lost NOTIFY; one second bounds the extra latency.
     relay_poll_seconds: float = Field(default=1.0, gt=0)
@@ -50,6 +52,11 @@ class Settings(BaseSettings):
     # How long the broker keeps an unacknowledged message before giving it to another
     # worker; far above any lease so a running task is not handed out twice by Redis.
     visibility_timeout: int = Field(default=3600, ge=1)
+    # Celery task events (task-received, -started, -succeeded) sent by every worker from the
+    # start. Off by default: each is a synchronous PUBLISH in the worker's main process, about a
+    # third of its CPU per task. Flower turns them on by itself while it runs (its
+    # enable_events option), so watching the workers needs nothing here.
+    worker_task_events: bool = False
 
     # The sweeper: how often it looks, and how long a key may wait on a published message
     # before the message is presumed lost (Redis restarted or flushed) and re-sent. Longer

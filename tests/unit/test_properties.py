@@ -8,7 +8,14 @@ import unicodedata
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from outbox.keys import derive_key, mask_key, normalize_text
+from outbox.keys import (
+    canonical_json,
+    derive_key,
+    event_hash,
+    mask_key,
+    normalize_text,
+    payload_hash,
+)
 from worker.backoff import next_delay
 
 part = st.text(min_size=1, max_size=30).filter(lambda s: normalize_text(s) != "")
@@ -54,6 +61,35 @@ def test_different_parts_give_different_keys(first: list[str], second: list[str]
     b = derive_key(*second[:3], second[3] if len(second) > 3 else None)
     if norm(first) != norm(second):
         assert a != b
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(part, part, part, st.none() | part, st.dictionaries(st.text(), json_values, max_size=6))
+def test_event_hash_is_the_payload_hash_of_the_whole_event(
+    source: str, event_type: str, external_id: str, version: str | None, payload: dict[str, object]
+) -> None:
+    """Splicing the payload's canonical JSON into the event's text gives exactly the hash of
+    the event serialized as one object (keys, and so stored hashes, never change)."""
+    whole = {
+        "source": source,
+        "event_type": event_type,
+        "external_id": external_id,
+        "version": version,
+        "payload": payload,
+    }
+    assert event_hash(
+        source, event_type, external_id, version, canonical_json(payload)
+    ) == payload_hash(whole)
 
 
 @given(part, part, st.emails())
