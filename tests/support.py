@@ -53,6 +53,26 @@ def query(database_url: str, sql: str, params: Any = None) -> list[tuple[Any, ..
         return cur.fetchall() if cur.description else []
 
 
+def seed_pending_key(database_url: str, external_id: str) -> str:
+    """A pending key with its event, written directly (no outbox row, so no worker sees it);
+    returns the key."""
+    key = f"webform:crm.lead.created:{external_id}"
+    query(
+        database_url,
+        "INSERT INTO idempotency_keys (idempotency_key, payload_hash, correlation_id, source,"
+        " event_type, route, expires_at)"
+        " VALUES (%s, 'h', %s, 'webform', 'crm.lead.created', 'crm', now() + interval '1 day')",
+        (key, f"corr-{external_id}"),
+    )
+    query(
+        database_url,
+        "INSERT INTO events (idempotency_key, source, event_type, external_id, payload)"
+        """ VALUES (%s, 'webform', 'crm.lead.created', %s, '{"email": "a@b.c"}')""",
+        (key, external_id),
+    )
+    return key
+
+
 def statuses(database_url: str) -> Counter[str]:
     return Counter(
         dict(query(database_url, "SELECT status, count(*) FROM idempotency_keys GROUP BY 1"))

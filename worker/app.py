@@ -3,8 +3,9 @@
 Settings follow the known traps of Celery on Redis: JSON only; acks after the task
 (`task_acks_late`) and a rejected message when a pool process dies
 (`task_reject_on_worker_lost`), so a crash redelivers instead of losing; prefetch 1 so a dying
-process holds at most one message; events on so Flower can watch; Celery's root-logger hijack
-off so our structlog setup stays in charge. Retries never use countdown/ETA: they wait in the
+process holds at most one message; task events only when asked for (`WORKER_TASK_EVENTS`, or
+Flower's enable_events while Flower runs); Celery's root-logger hijack off so our structlog
+setup stays in charge. Retries never use countdown/ETA: they wait in the
 outbox.
 """
 
@@ -36,18 +37,22 @@ class Runtime:
     settings: Settings
     routes: RouteTable
     engine: Engine | None = None
+    _store: KeyStore | None = None
 
     def store(self) -> KeyStore:
-        if self.engine is None:
-            # The task thread and the lease heartbeat each need a connection.
-            self.engine = create_sync_engine(self.settings, pool_size=2)
-        return KeyStore(self.engine)
+        if self._store is None:
+            # The task thread and the lease keeper each need a connection. No pre-ping: the
+            # store retries a statement once on a connection found dead instead.
+            self.engine = create_sync_engine(self.settings, pool_size=2, pre_ping=False)
+            self._store = KeyStore(self.engine)
+        return self._store
 
     def reset_after_fork(self) -> None:
         if self.engine is not None:
             # Connections inherited from the parent belong to it; forget them without closing.
             self.engine.dispose(close=False)
             self.engine = None
+        self._store = None
 
 
 def create_worker_app(settings: Settings) -> Celery:
@@ -63,8 +68,7 @@ def create_worker_app(settings: Settings) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        worker_send_task_events=settings.worker_task_events,
         task_default_queue=TASK_QUEUE,
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,

@@ -14,7 +14,16 @@ import redis as redis_client
 from outbox.db import create_sync_engine
 from outbox.embedded import start_redis
 from outbox.settings import Settings
-from tests.support import ROOT, Downstream, Reply, Stack, envelope, query, wait_until
+from tests.support import (
+    ROOT,
+    Downstream,
+    Reply,
+    Stack,
+    envelope,
+    query,
+    seed_pending_key,
+    wait_until,
+)
 from worker.store import Blocked, Claim, KeyStore
 
 FINAL_STATUSES = ("succeeded", "failed_final", "quarantined")
@@ -127,21 +136,7 @@ def test_stale_holder_cannot_write_after_its_lease_was_taken_over(own_database: 
     """Once a key is reclaimed with a newer fence, every write of the old holder (succeed,
     renew, retry, dead letter) matches nothing and changes nothing; the new holder's do."""
     db = own_database
-    key = "webform:crm.lead.created:fenced"
-    query(
-        db,
-        "INSERT INTO idempotency_keys (idempotency_key, payload_hash, correlation_id, source,"
-        " event_type, route, expires_at)"
-        " VALUES (%s, 'h', 'corr-fence', 'webform', 'crm.lead.created', 'crm',"
-        " now() + interval '1 day')",
-        (key,),
-    )
-    query(
-        db,
-        "INSERT INTO events (idempotency_key, source, event_type, external_id, payload)"
-        """ VALUES (%s, 'webform', 'crm.lead.created', 'fenced', '{"email": "a@b.c"}')""",
-        (key,),
-    )
+    key = seed_pending_key(db, "fenced")
     engine = create_sync_engine(Settings(database_url=db, redis_url="redis://x"))
     store = KeyStore(engine)
 

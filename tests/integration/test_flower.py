@@ -46,10 +46,6 @@ def test_flower_sees_the_worker_and_a_finished_task_without_the_payload(
     try:
         wait_for_port(port, flower, timeout=30)
         stack.start_all()
-        with stack.client() as client:
-            key = client.post(
-                "/v1/events", json=envelope("flower-1", correlation_id="corr-flower")
-            ).json()["key"]
 
         def finished_task() -> dict[str, Any] | None:
             tasks = api.get("/api/tasks").json()
@@ -60,7 +56,24 @@ def test_flower_sees_the_worker_and_a_finished_task_without_the_payload(
             ]
             return done[0] if done else None
 
-        task = wait_until(finished_task, timeout=60, interval=0.5)
+        # Workers send task events only once Flower has switched them on (it asks every 5 s,
+        # WORKER_TASK_EVENTS being off by default): an event posted before that is processed
+        # unseen, so post another until Flower has seen one finish.
+        keys: list[str] = []
+        task = None
+        with stack.client() as client:
+            for n in range(1, 7):
+                keys.append(
+                    client.post(
+                        "/v1/events", json=envelope(f"flower-{n}", correlation_id="corr-flower")
+                    ).json()["key"]
+                )
+                try:
+                    task = wait_until(finished_task, timeout=8, interval=0.5)
+                    break
+                except AssertionError:
+                    continue
+        assert task is not None, "Flower saw no finished idem.process task in 48 s"
         workers = wait_until(
             lambda: api.get("/api/workers", params={"refresh": "true"}).json(),
             timeout=30,
@@ -77,8 +90,8 @@ def test_flower_sees_the_worker_and_a_finished_task_without_the_payload(
         redis.wait(timeout=10)
     assert any(name.startswith("idem@") for name in workers)
     assert task["uuid"].startswith("outbox-")
-    assert "…" in task["args"] and key not in task["args"]
+    assert "…" in task["args"] and not any(key in task["args"] for key in keys)
     assert "corr-flower" in task["kwargs"]
     assert task["runtime"] is not None
-    assert "flower-1@example.com" not in everything
+    assert not any(f"flower-{n}@example.com" in everything for n in range(1, 7))
     assert anonymous.status_code == 401
