@@ -88,6 +88,22 @@ class Series:
         }
 
 
+def paired_ratio(numerator: Series, denominator: Series) -> float:
+    """The median of the runs' ratios, run i of one target against run i of the other.
+
+    The two runs of a pair ran back to back (interleaved), so a slow drift in what the machine
+    gives (other work, its host) falls on both and cancels in their ratio; the ratio of two
+    medians taken over the whole series does not cancel it. Measured here: the rates of one
+    target varied by up to 25 % between rounds a minute apart.
+    """
+    ratios = [
+        a.rate / b.rate
+        for a, b in zip(numerator.results, denominator.results, strict=True)
+        if b.rate > 0
+    ]
+    return median(ratios)
+
+
 def interleaved(
     targets: dict[str, Callable[[], Spec]],
     runs: int,

@@ -11,11 +11,11 @@ import contextlib
 import time
 from typing import Any
 
-from bench.context import Bench, Series
+from bench.context import Bench, Series, paired_ratio
 from bench.infra import Processes, scalar, sql, wait_until
 from bench.load import generate
 from bench.procfs import cpu_seconds
-from bench.report import Check, median, ratio
+from bench.report import Check, median
 from outbox.publisher import TASK_QUEUE
 
 DRAIN_TARGET = 5_000.0
@@ -105,7 +105,7 @@ def run(bench: Bench) -> tuple[dict[str, Any], list[Check]]:
 
     without = alone.summary()
     beside = draining.summary()
-    change = 1 - ratio(beside["rate"], without["rate"])
+    change = 1 - paired_ratio(draining, alone)
     summary = {
         "drain": drain,
         "ingest_without_relay": without,

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from bench.context import Bench, interleaved
+from bench.context import Bench, interleaved, paired_ratio
 from bench.infra import sql
 from bench.ingest import errors_note
 from bench.load import Result, Spec
-from bench.report import Check, median, ratio
+from bench.report import Check, median
 
 GROWTH_TARGET = 0.90
 
@@ -119,7 +119,7 @@ def run(bench: Bench) -> tuple[dict[str, Any], list[Check]]:
                 result[name]["wal_per_request"] = {
                     k: median([w[k] for w in wal[name]]) for k in wal[name][0]
                 }
-            share = ratio(result["large"]["rate"], result["small"]["rate"])
+            share = paired_ratio(series["large"], series["small"])
             result["large_share_of_small"] = share
             summary[mode] = result
             label = "ingest" if mode == "events" else "claims"

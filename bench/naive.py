@@ -3,9 +3,10 @@
 `python -m bench.naive serve --port P`: a bare uvicorn endpoint (same server options as `idem
 serve`) that calls Celery's `send_task` directly and answers 202.
 `python -m bench.naive worker --concurrency 2`: a Celery worker with the gateway worker's
-settings (prefork, prefetch 1, acks_late, reject on worker lost, JSON, task events, no mingle or
-gossip, log level INFO) whose task INCRs a counter in Redis and pushes "accept done" (both
-`time.time()` on this machine) onto a list, from which the benchmark reads latencies.
+settings (prefork, prefetch 1, acks_late, reject on worker lost, JSON, no task events as in the
+gateway's default WORKER_TASK_EVENTS=false, no mingle or gossip, log level INFO) whose task
+INCRs a counter in Redis and pushes "accept done" (both `time.time()` on this machine) onto a
+list, from which the benchmark reads latencies.
 
 REDIS_URL names the broker; the queue, counter and list live in Redis database NAIVE_DB.
 """
@@ -48,8 +49,8 @@ def _conf() -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        "worker_send_task_events": False,
+        "task_send_sent_event": False,
         "task_default_queue": QUEUE,
         "worker_hijack_root_logger": False,
         "broker_connection_retry_on_startup": True,
