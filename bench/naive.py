@@ -145,7 +145,6 @@ def worker(concurrency: int) -> None:
             "INFO",
             "--hostname",
             "naive@%h",
-            "--task-events",
             "--without-mingle",
             "--without-gossip",
         ]

@@ -44,15 +44,19 @@ def create_receiver_engine(settings: Settings) -> AsyncEngine:
     )
 
 
-def create_sync_engine(settings: Settings, *, pool_size: int = 2, pre_ping: bool = True) -> Engine:
+def create_sync_engine(
+    settings: Settings, *, pool_size: int = 2, pre_ping: bool = True, autocommit: bool = False
+) -> Engine:
     """A small pool for a relay or a worker process (one statement at a time per thread).
 
-    `pre_ping` tests each connection with a round trip before handing it out. The worker turns
-    it off: its store sends one statement per step and retries it once on a dead connection,
-    which finds the same dead connections without a round trip per step.
+    The worker's store turns both options around: every step it takes is one statement, atomic
+    by itself, so its connections stay in autocommit (`begin()` then sends no BEGIN and no
+    COMMIT), and instead of a pre-ping round trip before every step it sends a statement once
+    more when it met a dead connection.
     """
     return create_engine(
         settings.sqlalchemy_url(),
+        isolation_level="AUTOCOMMIT" if autocommit else None,
         pool_size=pool_size,
         max_overflow=2,
         pool_timeout=30,

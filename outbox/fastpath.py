@@ -19,13 +19,13 @@ class Receiver(FastAPI):
     """The receiver's app, with `POST /v1/events` dispatched ahead of the framework.
 
     Every event takes that one path. Sent through the middleware stack, the router and
-    FastAPI's request handling it costs about a quarter more CPU than its handler does
-    (measured: docs/performance.md), and it needs none of them: the handler reads the raw
-    request itself and answers with a ready response. So `__call__` hands such a request
-    straight to the handler and maps its exceptions with this app's own exception handlers,
-    exactly as the stack would. The route is declared as well, for the OpenAPI document and
-    for any request this shortcut does not match. This app configures no middleware; one that
-    must also see events has to be applied here too.
+    FastAPI's request handling, it cost a third more than the handler's own work (instructions
+    counted per request, database left out: docs/performance.md), and it needs none of them:
+    the handler reads the raw request itself and answers with a ready response. So `__call__`
+    hands such a request straight to the handler and maps its exceptions with this app's own
+    exception handlers, exactly as the stack would. The route is declared as well, for the
+    OpenAPI document and for any request this shortcut does not match. This app configures no
+    middleware; one that must also see events has to be applied here too.
     """
 
     ingest: Callable[[Request], Awaitable[Response]] | None = None

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> None:
             settings.log_level,
             "--hostname",
             "idem@%h",
-            "--task-events",
+            # Task events only when asked for (WORKER_TASK_EVENTS; Flower asks by itself).
+            *(["--task-events"] if settings.worker_task_events else []),
             "--without-mingle",
             "--without-gossip",
         ]

@@ -43,7 +43,9 @@ class Runtime:
         if self._store is None:
             # The task thread and the lease keeper each need a connection. No pre-ping: the
             # store retries a statement once on a connection found dead instead.
-            self.engine = create_sync_engine(self.settings, pool_size=2, pre_ping=False)
+            self.engine = create_sync_engine(
+                self.settings, pool_size=2, pre_ping=False, autocommit=True
+            )
             self._store = KeyStore(self.engine)
         return self._store
 

@@ -63,14 +63,15 @@ class Blocked:
 
 class KeyStore:
     def __init__(self, engine: Engine) -> None:
-        # Same pool, each statement committed by itself.
-        self.engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        # The worker's engine is in autocommit (`create_sync_engine(autocommit=True)`): then
+        # `begin()` adds no round trip. On any other engine each step is its own transaction.
+        self.engine = engine
 
     def _one(self, statement: TextClause, params: dict[str, Any]) -> RowMapping | None:
         """Run one statement; its first row, or None when it matched nothing."""
         for attempt in (1, 2):
             try:
-                with self.engine.connect() as conn:
+                with self.engine.begin() as conn:
                     return conn.execute(statement, params).mappings().first()
             except DBAPIError as error:
                 if attempt == 2 or not error.connection_invalidated:

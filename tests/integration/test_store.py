@@ -23,7 +23,7 @@ from worker.store import Claim, KeyStore
 def worker_engine(own_database: str) -> Iterator[Engine]:
     # As the worker makes it: no pre-ping.
     engine = create_sync_engine(
-        Settings(database_url=own_database, redis_url="redis://x"), pre_ping=False
+        Settings(database_url=own_database, redis_url="redis://x"), pre_ping=False, autocommit=True
     )
     yield engine
     engine.dispose()
