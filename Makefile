@@ -34,7 +34,7 @@ test-slow: install ## Run the slow soaks only
 chaos: install ## Chaos soak: kills, restarts, lost answers; checks every event (5 min)
 	$(PY) -m tests.chaos.soak
 
-bench: install ## Measure throughput, latency and memory on this machine (~15 min; docs/performance.md)
+bench: install ## Measure throughput, latency and memory on this machine (~20 min; docs/performance.md)
 	$(PY) -m bench.run
 
 lint: install ## ruff and mypy
