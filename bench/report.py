@@ -29,10 +29,6 @@ def median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
 
-def ratio(value: float, reference: float) -> float:
-    return value / reference if reference else 0.0
-
-
 def _number(value: float, unit: str) -> str:
     if unit == "%":
         return f"{value:.0f} %"

@@ -1,7 +1,9 @@
 """The claims API's store: a workflow claims a key, acts itself, then completes or fails it.
 
 Same table, same states and same fencing as the event path: a key claimed here and a key posted
-as an event are one key. Each function is one short transaction ending in one closed outcome.
+as an event are one key. Each function ends in one closed outcome; each statement it sends is
+one atomic step, committed by itself (the receiver's engine is in autocommit), and `claim`
+handles a key purged between its statements.
 """
 
 from __future__ import annotations

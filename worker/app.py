@@ -5,8 +5,7 @@ Settings follow the known traps of Celery on Redis: JSON only; acks after the ta
 (`task_reject_on_worker_lost`), so a crash redelivers instead of losing; prefetch 1 so a dying
 process holds at most one message; task events only when asked for (`WORKER_TASK_EVENTS`, or
 Flower's enable_events while Flower runs); Celery's root-logger hijack off so our structlog
-setup stays in charge. Retries never use countdown/ETA: they wait in the
-outbox.
+setup stays in charge. Retries never use countdown/ETA: they wait in the outbox.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from typing import Any
 
 import structlog
 from celery import Celery, signals
-from sqlalchemy import Engine
 
 from outbox.db import create_sync_engine
 from outbox.intake import PROCESS_TASK
@@ -36,25 +34,21 @@ class Runtime:
 
     settings: Settings
     routes: RouteTable
-    engine: Engine | None = None
     _store: KeyStore | None = None
 
     def store(self) -> KeyStore:
         if self._store is None:
             # The task thread and the lease keeper each need a connection. No pre-ping: the
             # store retries a statement once on a connection found dead instead.
-            self.engine = create_sync_engine(
-                self.settings, pool_size=2, pre_ping=False, autocommit=True
-            )
-            self._store = KeyStore(self.engine)
+            engine = create_sync_engine(self.settings, pool_size=2, pre_ping=False, autocommit=True)
+            self._store = KeyStore(engine)
         return self._store
 
     def reset_after_fork(self) -> None:
-        if self.engine is not None:
+        if self._store is not None:
             # Connections inherited from the parent belong to it; forget them without closing.
-            self.engine.dispose(close=False)
-            self.engine = None
-        self._store = None
+            self._store.engine.dispose(close=False)
+            self._store = None
 
 
 def create_worker_app(settings: Settings) -> Celery:

@@ -232,6 +232,25 @@ def test_event_breaking_its_contract_is_quarantined_and_never_sent(
         stack.database_url, "SELECT count(*) FROM outbox WHERE idempotency_key = %s", (bad_key,)
     ) == [(0,)]
 
+    # A repeat is answered by the same statement: counted, nothing else written (no second
+    # event, no second dead letter).
+    with stack.client() as client:
+        again = client.post(
+            "/v1/events",
+            json=envelope("strict-bad", event_type="strict.lead", payload=secret_payload),
+        )
+    assert again.status_code == 200, again.text
+    repeat = again.json()
+    assert (repeat["key"], repeat["duplicate"], repeat["status"]) == (bad_key, True, "quarantined")
+    assert query(
+        stack.database_url,
+        "SELECT k.duplicate_count, (SELECT count(*) FROM events e"
+        " WHERE e.idempotency_key = k.idempotency_key) FROM idempotency_keys k"
+        " WHERE k.idempotency_key = %s",
+        (bad_key,),
+    ) == [(1, 1)]
+    assert len(_dead_letters(stack.database_url, bad_key)) == 1
+
     # A compliant event sent afterwards goes through the same relay and worker; once it has
     # succeeded, the quarantined one would have been sent too had it been queued.
     good_payload = {"email": "ok@example.com", "phone": "+1 555 0100"}
