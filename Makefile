@@ -5,10 +5,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run demo test test-slow chaos lint format up migrate clean bench
+.PHONY: help install run demo test test-slow chaos lint format up migrate clean bench n8n-e2e
 
 help: ## List the targets with what they do
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 install: $(STAMP) ## Create .venv and install the project with its test tools
 	@[ -x /usr/bin/chromium ] || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && (apt-get update -qq && apt-get install -y -qq chromium) ; } || true
@@ -30,6 +30,9 @@ test: install ## Run the test suite (real PostgreSQL, Redis and Celery workers; 
 
 test-slow: install ## Run the slow soaks only
 	$(PY) -m pytest -m slow
+
+n8n-e2e: install ## The n8n examples in a real n8n 2.8.4 (installs it into .n8n/ unless N8N_BIN is set)
+	$(PY) -m tests.n8n_e2e
 
 chaos: install ## Chaos soak: kills, restarts, lost answers; checks every event (5 min)
 	$(PY) -m tests.chaos.soak

@@ -100,7 +100,7 @@ class Downstream:
 
     `behaviour(key, request_number)` returns a Reply for each POST (request_number counts the
     POSTs seen for that key, from 1). `GET /tasks/by-key/{key}` answers 200 with the effect's id
-    when one exists, else 404: the reconcile lookup.
+    when one exists, else 404: the reconcile lookup (under any prefix, e.g. `/api/tasks/...`).
     """
 
     port: int = 0
@@ -150,11 +150,12 @@ class Downstream:
                 self.wfile.write(payload)
 
             def do_GET(self) -> None:
-                prefix = "/tasks/by-key/"
-                if not self.path.startswith(prefix):
+                # Any collection prefix: `/tasks/by-key/{key}`, `/api/tasks/by-key/{key}`.
+                _, found, rest = self.path.partition("/tasks/by-key/")
+                if not found:
                     self._answer(404, {}, {})
                     return
-                key = unquote(self.path[len(prefix) :])
+                key = unquote(rest)
                 with downstream.lock:
                     downstream.lookups.append(key)
                     ref = downstream.refs.get(key)

@@ -141,6 +141,18 @@ def strings(value: Any) -> list[str]:
     return []
 
 
+def assignment(node: dict[str, Any], name: str) -> str:
+    """The value a Set node assigns to `name`."""
+    found = [a for a in node["parameters"]["assignments"]["assignments"] if a["name"] == name]
+    assert len(found) == 1, (node["name"], name)
+    return str(found[0]["value"])
+
+
+def targets(workflow: dict[str, Any], source: str, output: int) -> list[str]:
+    """The nodes a node's main output number `output` leads to."""
+    return [t for s, k, t, i, _ in edges(workflow) if s == source and k == "main" and i == output]
+
+
 def conditions(node: dict[str, Any]) -> list[dict[str, Any]]:
     found = node["parameters"]["conditions"]["conditions"]
     assert isinstance(found, list)
@@ -308,9 +320,14 @@ def test_gateway_requests_never_error_and_retry_transport_errors_only(name: str)
             targets.setdefault(source, set()).add(target)
     types = {n["name"]: n["type"] for n in nodes(workflow)}
     for node in gateway_requests(workflow):
+        assert node["parameters"].get("contentType", "json") == "json", (
+            f"{node['name']}: a raw body comes back as an unparsed stream with Response Format JSON"
+        )
         response = response_options(node)
         assert response.get("neverError") is True, node["name"]
         assert response.get("fullResponse") is True, node["name"]
+        # Autodetect parses only application/json; the gateway's problem+json must parse too.
+        assert response.get("responseFormat") == "json", node["name"]
         assert node.get("retryOnFail") is True, node["name"]
         assert 1 < int(node.get("maxTries", 3)) <= 5, node["name"]
         assert int(node.get("waitBetweenTries", 1000)) <= 5000, node["name"]
@@ -325,6 +342,71 @@ def test_gateway_requests_never_error_and_retry_transport_errors_only(name: str)
                 "n8n-nodes-base.respondToWebhook",
                 "n8n-nodes-base.set",
             }, (node["name"], target)
+
+
+@pytest.mark.parametrize("name", WORKFLOWS)
+def test_workflow_has_an_id_to_publish(name: str) -> None:
+    """Each file carries a workflow id: `n8n publish:workflow --id` needs one after importing."""
+    workflow_id = load(name).get("id")
+    assert isinstance(workflow_id, str) and re.fullmatch(r"[A-Za-z0-9]{16}", workflow_id)
+
+
+@pytest.mark.parametrize("name", WORKFLOWS)
+def test_unreachable_gateway_is_answered_not_dropped(name: str) -> None:
+    """A gateway call's error output (transport error after Retry On Fail) leads to an answer:
+    503 with Retry-After for a webhook, a Set node (the tool's answer) for the agent."""
+    workflow = load(name)
+    named = by_name(workflow)
+    for node in gateway_requests(workflow):
+        assert node.get("onError") == "continueErrorOutput", node["name"]
+        (handler,) = targets(workflow, node["name"], 1)
+        if named[handler]["type"] == "n8n-nodes-base.set":
+            assert name == AGENT_TOOL, node["name"]
+            continue
+        options = named[handler]["parameters"]["options"]
+        assert named[handler]["type"] == "n8n-nodes-base.respondToWebhook", node["name"]
+        assert options["responseCode"] == 503, node["name"]
+        headers = {h["name"] for h in options["responseHeaders"]["entries"]}
+        assert "Retry-After" in headers, node["name"]
+
+
+@pytest.mark.parametrize("name", [CLAIM, AGENT_TOOL])
+def test_claims_calls_send_the_bearer_token_from_a_credential(name: str) -> None:
+    """Every /v1/claims call authenticates with an HTTP Bearer credential (CLAIMS_TOKEN)."""
+    for node in gateway_requests(load(name)):
+        params = node["parameters"]
+        assert params["authentication"] == "genericCredentialType", node["name"]
+        assert params["genericAuthType"] == "httpBearerAuth", node["name"]
+        assert set(node["credentials"]) == {"httpBearerAuth"}, node["name"]
+
+
+@pytest.mark.parametrize("name", [CLAIM, AGENT_TOOL])
+def test_uncertain_claim_looks_the_task_up_before_creating(name: str) -> None:
+    """`uncertain: true` leads to the CRM lookup; found completes, only 404 creates, and any other
+    lookup answer fails the claim instead of risking a second task."""
+    workflow = load(name)
+    named = by_name(workflow)
+    assert targets(workflow, "Claimed?", 0) == ["Uncertain?"]
+    (condition,) = conditions(named["Uncertain?"])
+    assert "body.uncertain === true" in condition["leftValue"]
+    assert targets(workflow, "Uncertain?", 0) == ["CRM: find task"]
+    assert targets(workflow, "Uncertain?", 1) == ["CRM: create follow-up task"]
+    assert targets(workflow, "CRM: find task", 0) == ["Found in CRM?"]
+    assert targets(workflow, "Found in CRM?", 0) == ["Task reference"]
+    assert targets(workflow, "Found in CRM?", 1) == ["Not in CRM?"]
+    assert {c["rightValue"] for c in conditions(named["Not in CRM?"])} == {404}
+    assert targets(workflow, "Not in CRM?", 0) == ["CRM: create follow-up task"]
+    assert targets(workflow, "Not in CRM?", 1) == ["Classify CRM error"]
+
+
+@pytest.mark.parametrize("name", [CLAIM, AGENT_TOOL])
+def test_fail_declares_whether_the_effect_may_have_happened(name: str) -> None:
+    """`/fail` sends `effect`: "none" only for a CRM 4xx refusal, else "unknown"."""
+    named = by_name(load(name))
+    effect = assignment(named["Classify CRM error"], "effect")
+    assert "'none'" in effect and "'unknown'" in effect
+    assert "statusCode >= 400" in effect and "statusCode < 500" in effect
+    assert "effect: $json.effect" in named["idem: fail"]["parameters"]["jsonBody"]
 
 
 # ------------------------------------------------------------------------------ (a) post event
@@ -343,16 +425,40 @@ def test_post_event_sends_the_provider_event_id_as_idempotency_key() -> None:
     headers = {h["name"]: h["value"] for h in post["parameters"]["headerParameters"]["parameters"]}
     assert "body.id" in headers["Idempotency-Key"]
     assert headers["Idempotency-Key"].startswith("=")
-    body = post["parameters"]["jsonBody"]
+    # The envelope is built once as text, signed, and sent as that very text.
+    assert post["parameters"]["jsonBody"] == "={{ $json.body_text }}"
+    envelope = assignment(by_name(workflow)["Signed body"], "body_text")
     for member in ("source", "event_type", "external_id", "payload", "workflow", "execution_id"):
-        assert f"{member}:" in body, member
+        assert f"{member}:" in envelope, member
+
+
+def test_post_event_signs_the_body_it_sends() -> None:
+    """Crypto 2 HMACs "<ts>.<body_text>" with a credential; the POST sends both signing headers."""
+    workflow = load(POST_EVENT)
+    named = by_name(workflow)
+    sign = named["Sign"]
+    assert (sign["type"], sign["typeVersion"]) == ("n8n-nodes-base.crypto", 2)
+    assert set(sign["credentials"]) == {"crypto"}
+    params = sign["parameters"]
+    assert (params["action"], params["type"], params["encoding"]) == ("hmac", "SHA256", "hex")
+    assert params["value"] == "={{ $json.ts }}.{{ $json.body_text }}"
+    (post,) = gateway_requests(workflow)
+    headers = {h["name"]: h["value"] for h in post["parameters"]["headerParameters"]["parameters"]}
+    assert headers["X-Idem-Timestamp"] == "={{ $json.ts }}"
+    assert headers["X-Idem-Signature"] == "=sha256={{ $json.signature }}"
+    path = [s for s, _, t, _, _ in edges(workflow) if t in {"Sign", post["name"]}]
+    assert path == ["Signed body", "Sign"]
 
 
 def test_post_event_has_retry_on_fail_and_never_error() -> None:
     """The event POST retries transport errors and hands every HTTP status to the workflow."""
     (post,) = gateway_requests(load(POST_EVENT))
     assert post["retryOnFail"] is True
-    assert response_options(post) == {"fullResponse": True, "neverError": True}
+    assert response_options(post) == {
+        "fullResponse": True,
+        "neverError": True,
+        "responseFormat": "json",
+    }
 
 
 def test_post_event_branches_on_status_and_answers_problems() -> None:
@@ -360,7 +466,7 @@ def test_post_event_branches_on_status_and_answers_problems() -> None:
     workflow = load(POST_EVENT)
     named = by_name(workflow)
     (post,) = gateway_requests(workflow)
-    (first,) = [t for s, k, t, _, _ in edges(workflow) if s == post["name"] and k == "main"]
+    (first,) = targets(workflow, post["name"], 0)
     check = named[first]
     assert check["type"] == IF_NODE
     assert check["parameters"]["conditions"]["combinator"] == "or"
@@ -410,7 +516,7 @@ def test_claim_workflow_branches_on_every_claim_answer() -> None:
     assert any(n["type"] == "n8n-nodes-base.wait" for n in nodes(workflow))
     text = json.dumps(workflow)
     assert "lease_token" in text
-    assert "reclaimed" in text
+    assert "uncertain" in text
     assert "retryable" in text
 
 
@@ -446,9 +552,32 @@ def test_agent_tool_is_a_claimed_sub_workflow() -> None:
     assert ("POST", "/v1/claims") in found
     assert ("POST", "/v1/claims/{}/complete") in found
     stored = named["Use stored result"]
+    assert all(named[s]["type"].endswith("toolWorkflow") for s, *_ in tool_edges)
     values = {a["name"]: a["value"] for a in stored["parameters"]["assignments"]["assignments"]}
     assert values["status"] == "already_succeeded"
     assert "body.result" in values["result"]
+
+
+def test_agent_tool_name_is_the_node_name() -> None:
+    """Call n8n Workflow Tool 2.2 names the tool after its node (characters outside
+    [A-Za-z0-9_-] become "_"): the node is named as the system message calls the tool."""
+    workflow = load(AGENT_TOOL)
+    (tool,) = [n for n in nodes(workflow) if n["type"].endswith("toolWorkflow")]
+    assert tool["typeVersion"] == 2.2
+    tool_name = re.sub(r"[^a-zA-Z0-9_-]+", "_", tool["name"])
+    assert tool_name == tool["name"] == "create_follow_up_task"
+    assert "name" not in tool["parameters"]  # ignored by 2.2; it would only mislead
+    agent = next(n for n in nodes(workflow) if n["type"].endswith(".agent"))
+    assert tool_name in agent["parameters"]["options"]["systemMessage"]
+
+
+def test_agent_chat_has_a_production_url() -> None:
+    """The chat trigger is public in webhook mode, so POST /webhook/<webhookId>/chat reaches it."""
+    workflow = load(AGENT_TOOL)
+    (chat,) = [n for n in nodes(workflow) if n["type"].endswith("chatTrigger")]
+    assert chat["parameters"]["public"] is True
+    assert chat["parameters"]["mode"] == "webhook"
+    assert chat["webhookId"]
 
 
 # ------------------------------------------------------------------------------ documentation
@@ -459,7 +588,21 @@ def test_docs_describe_every_example() -> None:
     doc = DOC.read_text(encoding="utf-8")
     for name in WORKFLOWS:
         assert name in doc, name
-    for needle in ("IDEM_URL", "Never Error", "Retry On Fail", "X-Idem-Signature", "openssl"):
+    for needle in (
+        "IDEM_URL",
+        "Never Error",
+        "Retry On Fail",
+        "X-Idem-Signature",
+        "openssl",
+        "Response Format",
+        "uncertain",
+        "effect",
+        "CLAIMS_TOKEN",
+        "published",
+        "Retry-After",
+        "create_follow_up_task",
+        "make n8n-e2e",
+    ):
         assert needle in doc, needle
     assert "docs/n8n.md" in (EXAMPLES / "README.md").read_text(encoding="utf-8")
 

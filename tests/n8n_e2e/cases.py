@@ -1,0 +1,389 @@
+"""The cases: each drives a workflow through n8n's production webhook URL, as a provider (or a
+chat user) would, and counts the tasks the fake CRM created for its business event.
+
+Every case wants exactly one task per business event. A case marked `uncertain` depends on the
+claims contract where a claim answers `uncertain` and `/fail` takes `effect`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from tests.n8n_e2e.world import CLAIMS_TOKEN, SOURCE, World
+from tests.support import Reply, wait_until
+
+POST_EVENT_PATH = "idem-events"
+CLAIM_PATH = "idem-crm-follow-up"
+# A request to n8n waits for the whole workflow, Retry On Fail waits included (3 tries, 2 s).
+PROVIDER_TIMEOUT_SECONDS = 90.0
+
+
+@dataclass
+class Outcome:
+    name: str
+    passed: bool = True
+    tasks: int = 0
+    wanted: int = 1
+    notes: list[str] = field(default_factory=list)
+
+    def check(self, condition: bool, note: str) -> None:
+        """Record `note`; a false condition fails the case (and marks the note)."""
+        self.notes.append(note if condition else f"{note} [FAILED]")
+        self.passed = self.passed and condition
+
+    def line(self) -> str:
+        verdict = "PASS" if self.passed else "FAIL"
+        return f"{verdict} {self.name:<44} tasks={self.tasks} (want {self.wanted}); " + "; ".join(
+            self.notes
+        )
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    run: Callable[[World, Outcome], None]
+    # Needs the claims contract with `uncertain` and `/fail` `effect`.
+    uncertain: bool = False
+
+
+def _event(kind: str) -> dict[str, Any]:
+    event_id = f"evt-{kind}-{uuid.uuid4().hex[:8]}"
+    return {
+        "id": event_id,
+        "type": "crm.lead.created",
+        "data": {"email": f"{event_id}@Example.com ", "name": "Ada"},
+    }
+
+
+def deliver(world: World, path: str, event: dict[str, Any]) -> httpx.Response:
+    """One delivery of the provider's webhook, with its raw JSON body."""
+    return httpx.post(
+        world.webhook(path),
+        content=json.dumps(event),
+        headers={"content-type": "application/json"},
+        timeout=PROVIDER_TIMEOUT_SECONDS,
+    )
+
+
+def deliver_twice_at_once(world: World, path: str, event: dict[str, Any]) -> list[httpx.Response]:
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(lambda _: deliver(world, path, event), range(2)))
+
+
+def tasks(world: World, marker: str) -> int:
+    """Tasks the fake CRM created for keys that contain `marker` (the business event's id)."""
+    with world.crm.lock:
+        return sum(count for key, count in world.crm.effects.items() if marker in key)
+
+
+def lose_first_answer(world: World, marker: str) -> None:
+    """The CRM creates the first task for `marker` and then drops the connection unanswered."""
+
+    def behaviour(key: str, number: int) -> Reply:
+        if marker in key and number == 1:
+            return Reply(status=201, commit=True, drop=True)
+        return Reply()
+
+    world.crm.behaviour = behaviour
+
+
+def slow_first_answer(world: World, marker: str, seconds: float) -> None:
+    def behaviour(key: str, number: int) -> Reply:
+        if marker in key and number == 1:
+            return Reply(status=201, delay=seconds)
+        return Reply()
+
+    world.crm.behaviour = behaviour
+
+
+def _body(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return response.text[:200]
+
+
+def _answer(response: httpx.Response) -> str:
+    body = _body(response)
+    if isinstance(body, dict):
+        brief = {k: body[k] for k in ("status", "error", "duplicate") if k in body}
+        return f"{response.status_code} {json.dumps(brief, sort_keys=True)}"
+    return f"{response.status_code} {body!r}"
+
+
+def _gateway_key(event: dict[str, Any]) -> str:
+    return f"{SOURCE}:{event['id']}"
+
+
+def _wait_succeeded(world: World, key: str) -> bool:
+    try:
+        wait_until(lambda: world.key_status(key) == "succeeded", timeout=60)
+    except AssertionError:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------ 01: POST /v1/events
+
+
+def gateway_first_and_redelivery(world: World, outcome: Outcome) -> None:
+    event = _event("gw-first")
+    first = deliver(world, POST_EVENT_PATH, event)
+    body = _body(first)
+    outcome.check(
+        first.status_code == 200 and isinstance(body, dict) and body.get("duplicate") is False,
+        f"first delivery -> {_answer(first)}",
+    )
+    outcome.check(_wait_succeeded(world, _gateway_key(event)), "gateway key succeeded")
+    again = deliver(world, POST_EVENT_PATH, event)
+    body = _body(again)
+    outcome.check(
+        again.status_code == 200 and isinstance(body, dict) and body.get("duplicate") is True,
+        f"redelivery -> {_answer(again)}",
+    )
+    outcome.tasks = tasks(world, event["id"])
+
+
+def gateway_at_once(world: World, outcome: Outcome) -> None:
+    event = _event("gw-twice")
+    answers = deliver_twice_at_once(world, POST_EVENT_PATH, event)
+    outcome.check(
+        all(a.status_code == 200 for a in answers),
+        "both deliveries -> " + ", ".join(_answer(a) for a in answers),
+    )
+    outcome.check(_wait_succeeded(world, _gateway_key(event)), "gateway key succeeded")
+    outcome.tasks = tasks(world, event["id"])
+
+
+def gateway_lost_answer(world: World, outcome: Outcome) -> None:
+    event = _event("gw-lost")
+    lose_first_answer(world, event["id"])
+    first = deliver(world, POST_EVENT_PATH, event)
+    outcome.check(first.status_code == 200, f"provider got {_answer(first)}")
+    outcome.check(_wait_succeeded(world, _gateway_key(event)), "worker reconciled, key succeeded")
+    with world.crm.lock:
+        posts = sum(1 for r in world.crm.requests if event["id"] in r["key"])
+    outcome.notes.append(f"CRM saw {posts} create request(s)")
+    outcome.tasks = tasks(world, event["id"])
+
+
+def gateway_down(world: World, outcome: Outcome) -> None:
+    event = _event("gw-down")
+    world.gateway_down()
+    try:
+        down = deliver(world, POST_EVENT_PATH, event)
+    finally:
+        world.gateway_up()
+    outcome.check(
+        down.status_code == 503 and bool(down.headers.get("retry-after")),
+        f"gateway down -> {_answer(down)} Retry-After={down.headers.get('retry-after')}",
+    )
+    outcome.check(world.key_status(_gateway_key(event)) is None, "nothing stored while down")
+    again = deliver(world, POST_EVENT_PATH, event)
+    outcome.check(again.status_code == 200, f"redelivery -> {_answer(again)}")
+    outcome.check(_wait_succeeded(world, _gateway_key(event)), "gateway key succeeded")
+    outcome.tasks = tasks(world, event["id"])
+
+
+def gateway_bad_signature(world: World, outcome: Outcome) -> None:
+    event = _event("gw-badsig")
+    world.gateway_up(rotated=True)
+    try:
+        refused = deliver(world, POST_EVENT_PATH, event)
+    finally:
+        world.gateway_up()
+    body = _body(refused)
+    outcome.check(
+        refused.status_code == 401
+        and isinstance(body, dict)
+        and body.get("error") == "invalid_signature",
+        f"secret rotated at the gateway -> {_answer(refused)}",
+    )
+    outcome.check(world.key_status(_gateway_key(event)) is None, "nothing stored")
+    outcome.check(tasks(world, event["id"]) == 0, "no task while refused")
+    again = deliver(world, POST_EVENT_PATH, event)
+    outcome.check(again.status_code == 200, f"after the fix, redelivery -> {_answer(again)}")
+    outcome.check(_wait_succeeded(world, _gateway_key(event)), "gateway key succeeded")
+    outcome.tasks = tasks(world, event["id"])
+
+
+# ------------------------------------------------------------------ 02: claims
+
+
+def claims_first_and_redelivery(world: World, outcome: Outcome) -> None:
+    event = _event("cl-first")
+    first = deliver(world, CLAIM_PATH, event)
+    outcome.check(first.status_code == 200, f"first delivery -> {_answer(first)}")
+    again = deliver(world, CLAIM_PATH, event)
+    body = _body(again)
+    outcome.check(
+        again.status_code == 200
+        and isinstance(body, dict)
+        and body.get("status") == "already_succeeded"
+        and bool(body.get("external_ref"))
+        and again.headers.get("idempotent-replayed") == "true",
+        f"redelivery -> {_answer(again)} external_ref="
+        f"{body.get('external_ref') if isinstance(body, dict) else None}",
+    )
+    outcome.tasks = tasks(world, event["id"])
+
+
+def claims_at_once(world: World, outcome: Outcome) -> None:
+    event = _event("cl-twice")
+    # The first CRM call takes a while, so the second delivery finds the claim held.
+    slow_first_answer(world, event["id"], seconds=3)
+    answers = deliver_twice_at_once(world, CLAIM_PATH, event)
+    outcome.check(
+        sorted(a.status_code for a in answers) == [200, 200],
+        "both deliveries -> " + ", ".join(_answer(a) for a in answers),
+    )
+    outcome.tasks = tasks(world, event["id"])
+
+
+def claims_lost_answer(world: World, outcome: Outcome) -> None:
+    event = _event("cl-lost")
+    lose_first_answer(world, event["id"])
+    first = deliver(world, CLAIM_PATH, event)
+    outcome.check(
+        first.status_code == 503 and bool(first.headers.get("retry-after")),
+        f"CRM answer lost -> {_answer(first)}",
+    )
+    again = deliver(world, CLAIM_PATH, event)
+    body = _body(again)
+    outcome.check(
+        again.status_code == 200 and isinstance(body, dict) and body.get("found_by_lookup"),
+        f"redelivery -> {_answer(again)} found_by_lookup="
+        f"{body.get('found_by_lookup') if isinstance(body, dict) else None}",
+    )
+    outcome.tasks = tasks(world, event["id"])
+
+
+def claims_crashed_run(world: World, outcome: Outcome) -> None:
+    """An earlier run claimed, created the task, and died before completing."""
+    event = _event("cl-crash")
+    key = f"n8n:crm-follow-up:{event['id']}"
+    email = event["data"]["email"].strip().lower()
+    with httpx.Client(
+        base_url=world.stack.url,
+        headers={"authorization": f"Bearer {CLAIMS_TOKEN}"},
+        timeout=15,
+    ) as gateway:
+        held = gateway.post(
+            "/v1/claims",
+            json={
+                "key": key,
+                "payload": {"event_id": event["id"], "lead_email": email},
+                "lease_seconds": 1,
+                "workflow": "crashed run",
+            },
+        )
+        outcome.check(held.status_code == 201, f"earlier run claimed -> {held.status_code}")
+        created = httpx.post(
+            f"{world.crm.url}/api/tasks", json={"title": "x"}, headers={"idempotency-key": key}
+        )
+        outcome.check(created.status_code == 201, "earlier run created the task, then died")
+    # Let the earlier run's lease of 1 s run out (setup, not a measurement).
+    time.sleep(2)
+    delivered = deliver(world, CLAIM_PATH, event)
+    body = _body(delivered)
+    outcome.check(
+        delivered.status_code == 200 and isinstance(body, dict) and body.get("found_by_lookup"),
+        f"delivery after the crash -> {_answer(delivered)} found_by_lookup="
+        f"{body.get('found_by_lookup') if isinstance(body, dict) else None}",
+    )
+    outcome.tasks = tasks(world, event["id"])
+
+
+def claims_gateway_down(world: World, outcome: Outcome) -> None:
+    event = _event("cl-down")
+    world.gateway_down()
+    try:
+        down = deliver(world, CLAIM_PATH, event)
+    finally:
+        world.gateway_up()
+    outcome.check(
+        down.status_code == 503 and bool(down.headers.get("retry-after")),
+        f"gateway down -> {_answer(down)} Retry-After={down.headers.get('retry-after')}",
+    )
+    outcome.check(tasks(world, event["id"]) == 0, "no task while down")
+    again = deliver(world, CLAIM_PATH, event)
+    outcome.check(again.status_code == 200, f"redelivery -> {_answer(again)}")
+    outcome.tasks = tasks(world, event["id"])
+
+
+# ------------------------------------------------------------------ 03: the agent's tool
+
+
+def _chat(world: World, message: str) -> httpx.Response:
+    webhook_id = next(
+        node["webhookId"]
+        for workflow in world.workflows.values()
+        for node in workflow["nodes"]
+        if node["type"] == "@n8n/n8n-nodes-langchain.chatTrigger"
+    )
+    return httpx.post(
+        world.webhook(f"{webhook_id}/chat"),
+        json={"action": "sendMessage", "sessionId": uuid.uuid4().hex, "chatInput": message},
+        timeout=PROVIDER_TIMEOUT_SECONDS,
+    )
+
+
+def agent_repeated_call(world: World, outcome: Outcome) -> None:
+    lead = f"lead-{uuid.uuid4().hex[:8]}@example.com"
+    world.model.reset()
+    answer = _chat(world, f"Schedule a follow-up call with {lead} on 2030-01-15.")
+    outcome.check(answer.status_code == 200, f"chat -> {answer.status_code}")
+    names = world.model.tool_names()
+    outcome.check(names == {"create_follow_up_task"}, f"tool offered as {sorted(names)}")
+    results = [r.get("status") for r in world.model.tool_results()]
+    outcome.check(results == ["created", "already_succeeded"], f"tool answered {results}")
+    outcome.tasks = tasks(world, lead)
+
+
+def agent_lost_answer(world: World, outcome: Outcome) -> None:
+    lead = f"lead-{uuid.uuid4().hex[:8]}@example.com"
+    world.model.reset()
+    lose_first_answer(world, lead)
+    answer = _chat(world, f"Schedule a follow-up call with {lead} on 2030-01-16.")
+    outcome.check(answer.status_code == 200, f"chat -> {answer.status_code}")
+    results = world.model.tool_results()
+    statuses = [r.get("status") for r in results]
+    outcome.check(statuses == ["failed", "created"], f"tool answered {statuses}")
+    outcome.tasks = tasks(world, lead)
+
+
+CASES = [
+    Case("01 gateway: first delivery + redelivery", gateway_first_and_redelivery),
+    Case("01 gateway: two deliveries at once", gateway_at_once),
+    Case("01 gateway: CRM answer lost", gateway_lost_answer),
+    Case("01 gateway: down, then redelivered", gateway_down),
+    Case("01 gateway: bad signature, then fixed", gateway_bad_signature),
+    Case("02 claims: first delivery + redelivery", claims_first_and_redelivery),
+    Case("02 claims: two deliveries at once", claims_at_once),
+    Case("02 claims: CRM answer lost", claims_lost_answer, uncertain=True),
+    Case("02 claims: crashed earlier run", claims_crashed_run, uncertain=True),
+    Case("02 claims: gateway down, then redelivered", claims_gateway_down),
+    Case("03 agent: tool called twice", agent_repeated_call),
+    Case("03 agent: CRM answer lost, tool called twice", agent_lost_answer, uncertain=True),
+]
+
+
+def run_case(world: World, case: Case) -> Outcome:
+    outcome = Outcome(case.name)
+    world.crm.behaviour = None
+    try:
+        case.run(world, outcome)
+    except Exception as error:  # a broken case is a failed case, reported with the rest
+        outcome.check(False, f"{type(error).__name__}: {error}")
+    finally:
+        world.crm.behaviour = None
+    outcome.check(outcome.tasks == outcome.wanted, f"{outcome.tasks} task(s)")
+    return outcome

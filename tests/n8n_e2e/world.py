@@ -1,0 +1,201 @@
+"""Everything the workflows talk to, started for one run and torn down after it.
+
+A database and a Redis of the run's own, the gateway's receiver, relay, worker and sweeper (as
+tests/support.py `Stack` starts them), a second receiver whose signing secret was rotated, a
+TCP proxy in front of the receivers (cut it and the gateway is down for n8n), the fake CRM
+(tests/support.py `Downstream`), the scripted chat model, and n8n with every workflow of
+examples/n8n imported, its Config pointed here, its credentials created and published.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from outbox import embedded
+from outbox.migrate import upgrade
+from tests.n8n_e2e.model import ScriptedModel
+from tests.n8n_e2e.n8n import N8n
+from tests.support import ROOT, Downstream, Stack, TcpProxy, libpq, write_routes
+
+EXAMPLES = ROOT / "examples" / "n8n"
+ARTIFACTS = ROOT / "test-artifacts" / "n8n-e2e"
+SOURCE = "webform"
+SIGNING_SECRET = "whsec_n8n_e2e_0123456789abcdef"
+ROTATED_SECRET = "whsec_n8n_e2e_rotated_fedcba9876"
+CLAIMS_TOKEN = "claims-token-n8n-e2e-0123456789abcdef"
+# Credential ids the example workflows name; a user picks their own after importing.
+CLAIMS_CREDENTIAL = "idemClaimsToken1"
+SIGNING_CREDENTIAL = "idemWebhookSign1"
+MODEL_CREDENTIAL = "idemOpenAiModel1"
+
+
+@dataclass
+class World:
+    stack: Stack
+    rotated: Stack
+    proxy: TcpProxy
+    crm: Downstream
+    model: ScriptedModel
+    n8n: N8n
+    workflows: dict[str, dict[str, Any]]
+
+    @property
+    def gateway_url(self) -> str:
+        """The gateway as n8n reaches it: through the proxy."""
+        return f"http://127.0.0.1:{self.proxy.port}"
+
+    def gateway_down(self) -> None:
+        self.proxy.cut()
+
+    def gateway_up(self, rotated: bool = False) -> None:
+        """Serve n8n again, from the receiver with the rotated secret when asked."""
+        self.proxy.cut()
+        self.proxy.target = ("127.0.0.1", (self.rotated if rotated else self.stack).port)
+        self.proxy.start()
+
+    def webhook(self, path: str) -> str:
+        return f"{self.n8n.url}/webhook/{path}"
+
+    def key_status(self, key: str) -> str | None:
+        with psycopg.connect(libpq(self.stack.database_url), autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT status FROM idempotency_keys WHERE idempotency_key = %s", (key,)
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+
+def _admin_url() -> str:
+    return os.environ.get(
+        "TEST_DATABASE_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+    )
+
+
+def _database(admin_url: str, name: str) -> str:
+    base, _, query = admin_url.partition("?")
+    return base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
+
+
+@contextlib.contextmanager
+def own_database() -> Iterator[str]:
+    """A database of this run's own, migrated to head, dropped at the end."""
+    admin = _admin_url()
+    name = f"idem_n8n_e2e_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(libpq(admin), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        url = _database(admin, name)
+        upgrade(url)
+        yield url
+    finally:
+        with psycopg.connect(libpq(admin), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def configured(workflow: dict[str, Any], values: dict[str, str]) -> dict[str, Any]:
+    """The workflow with its Config node's values set, as a user does after importing."""
+    copy = json.loads(json.dumps(workflow))
+    for node in copy["nodes"]:
+        if node["name"] != "Config":
+            continue
+        for assignment in node["parameters"]["assignments"]["assignments"]:
+            if assignment["name"] in values:
+                assignment["value"] = values[assignment["name"]]
+    return copy
+
+
+def example_workflows() -> dict[str, dict[str, Any]]:
+    """Every workflow file of examples/n8n by file name."""
+    return {
+        path.name: json.loads(path.read_text(encoding="utf-8"))
+        for path in sorted(EXAMPLES.glob("*.json"))
+    }
+
+
+@contextlib.contextmanager
+def world(binary: Path, keep: bool = False) -> Iterator[World]:
+    work = Path(tempfile.mkdtemp(prefix="idem-n8n-e2e-"))
+    logs = work / "logs"
+    logs.mkdir()
+    crm = Downstream()
+    crm_server = crm.start()
+    model = ScriptedModel().start()
+    redis_process, redis_url = embedded.start_redis(work / "redis", appendonly=False)
+    routes = write_routes(work / "routes.toml", crm.url)
+    n8n = N8n(binary=binary, home=work / "n8n-home", log_dir=logs)
+    n8n.home.mkdir()
+    stack = rotated = None
+    proxy = TcpProxy()
+    try:
+        with own_database() as database_url:
+            env = {"WEBHOOK_SECRETS": f"{SOURCE}={SIGNING_SECRET}", "CLAIMS_TOKEN": CLAIMS_TOKEN}
+            stack = Stack(database_url, redis_url, routes, logs, extra_env=dict(env))
+            stack.start_all()
+            stack.start_sweeper()
+            rotated = Stack(
+                database_url,
+                redis_url,
+                routes,
+                logs,
+                extra_env={**env, "WEBHOOK_SECRETS": f"{SOURCE}={ROTATED_SECRET}"},
+            )
+            rotated.start_receiver()
+            proxy.target = ("127.0.0.1", stack.port)
+            proxy.start()
+            values = {"IDEM_URL": f"http://127.0.0.1:{proxy.port}", "CRM_URL": crm.url}
+            workflows = {
+                name: configured(workflow, values) for name, workflow in example_workflows().items()
+            }
+            n8n.import_credentials(
+                [
+                    {
+                        "id": CLAIMS_CREDENTIAL,
+                        "name": "idem claims token",
+                        "type": "httpBearerAuth",
+                        "data": {"token": CLAIMS_TOKEN},
+                    },
+                    {
+                        "id": SIGNING_CREDENTIAL,
+                        "name": "idem webhook signing secret",
+                        "type": "crypto",
+                        "data": {"hmacSecret": SIGNING_SECRET},
+                    },
+                    {
+                        "id": MODEL_CREDENTIAL,
+                        "name": "OpenAI account",
+                        "type": "openAiApi",
+                        "data": {"apiKey": "sk-scripted-no-key", "url": model.url},
+                    },
+                ]
+            )
+            n8n.import_workflows(list(workflows.values()))
+            n8n.start()
+            yield World(stack, rotated, proxy, crm, model, n8n, workflows)
+    finally:
+        n8n.stop()
+        proxy.stop()
+        for one in (rotated, stack):
+            if one is not None:
+                one.stop_all()
+        redis_process.terminate()
+        redis_process.wait(timeout=10)
+        model.stop()
+        crm_server.shutdown()
+        crm_server.server_close()
+        # The processes' logs outlive the run (test-artifacts/ is git-ignored).
+        shutil.rmtree(ARTIFACTS, ignore_errors=True)
+        shutil.copytree(logs, ARTIFACTS)
+        if keep:
+            print(f"kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
