@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from tests.n8n_e2e.world import CLAIMS_TOKEN, SOURCE, World
-from tests.support import Reply, wait_until
+from tests.n8n_e2e.world import SOURCE, World
+from tests.support import CLAIMS_TOKEN, Reply, wait_until
 
 POST_EVENT_PATH = "idem-events"
 CLAIM_PATH = "idem-crm-follow-up"

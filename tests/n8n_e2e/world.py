@@ -26,14 +26,21 @@ from outbox import embedded
 from outbox.migrate import upgrade
 from tests.n8n_e2e.model import ScriptedModel
 from tests.n8n_e2e.n8n import N8n
-from tests.support import ROOT, Downstream, Stack, TcpProxy, libpq, write_routes
+from tests.support import (
+    CLAIMS_TOKEN,
+    ROOT,
+    Downstream,
+    Stack,
+    TcpProxy,
+    libpq,
+    write_routes,
+)
 
 EXAMPLES = ROOT / "examples" / "n8n"
 ARTIFACTS = ROOT / "test-artifacts" / "n8n-e2e"
 SOURCE = "webform"
 SIGNING_SECRET = "whsec_n8n_e2e_0123456789abcdef"
 ROTATED_SECRET = "whsec_n8n_e2e_rotated_fedcba9876"
-CLAIMS_TOKEN = "claims-token-n8n-e2e-0123456789abcdef"
 # Credential ids the example workflows name; a user picks their own after importing.
 CLAIMS_CREDENTIAL = "idemClaimsToken1"
 SIGNING_CREDENTIAL = "idemWebhookSign1"
@@ -138,7 +145,7 @@ def world(binary: Path, keep: bool = False) -> Iterator[World]:
     proxy = TcpProxy()
     try:
         with own_database() as database_url:
-            env = {"WEBHOOK_SECRETS": f"{SOURCE}={SIGNING_SECRET}", "CLAIMS_TOKEN": CLAIMS_TOKEN}
+            env = {"WEBHOOK_SECRETS": f"{SOURCE}={SIGNING_SECRET}"}
             stack = Stack(database_url, redis_url, routes, logs, extra_env=dict(env))
             stack.start_all()
             stack.start_sweeper()
