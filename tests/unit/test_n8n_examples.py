@@ -607,8 +607,8 @@ def test_docs_describe_every_example() -> None:
     assert "docs/n8n.md" in (EXAMPLES / "README.md").read_text(encoding="utf-8")
 
 
-def test_docs_signing_snippet_is_pasteable_and_signs_the_raw_body() -> None:
-    """The JSON node snippet in docs/n8n.md parses and sends the signed string as the raw body."""
+def test_docs_signing_snippet_is_pasteable_and_sends_the_signed_string() -> None:
+    """The JSON node snippet in docs/n8n.md parses and sends the signed string as its body."""
     doc = DOC.read_text(encoding="utf-8")
     blocks = re.findall(r"```json\n(.*?)```", doc, re.DOTALL)
     assert len(blocks) == 1
@@ -617,13 +617,16 @@ def test_docs_signing_snippet_is_pasteable_and_signs_the_raw_body() -> None:
     for source, _, target, _, _ in edges(snippet):
         assert source in named and target in named
     (sign,) = [n for n in nodes(snippet) if n["type"] == "n8n-nodes-base.crypto"]
+    assert sign["typeVersion"] == 2 and set(sign["credentials"]) == {"crypto"}
     assert sign["parameters"]["action"] == "hmac"
     assert sign["parameters"]["type"] == "SHA256"
     assert sign["parameters"]["encoding"] == "hex"
     assert sign["parameters"]["value"] == "={{ $json.ts }}.{{ $json.body_text }}"
     (post,) = gateway_requests(snippet)
-    assert post["parameters"]["contentType"] == "raw"
-    assert post["parameters"]["body"] == "={{ $json.body_text }}"
+    assert post["parameters"].get("contentType", "json") == "json"
+    assert post["parameters"]["specifyBody"] == "json"
+    assert post["parameters"]["jsonBody"] == "={{ $json.body_text }}"
+    assert response_options(post)["responseFormat"] == "json"
     assert {h.lower() for h in header_names(post)} <= GATEWAY_HEADERS
     assert (method(post), url_path(post["parameters"]["url"])) == ("POST", "/v1/events")
     assert any(path_matches("/v1/events", template) for template in openapi_paths())
