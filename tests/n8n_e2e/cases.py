@@ -131,6 +131,29 @@ def _wait_succeeded(world: World, key: str) -> bool:
     return True
 
 
+def deliver_while_down(world: World, path: str, event: dict[str, Any], outcome: Outcome) -> None:
+    """One delivery with the gateway unreachable: the provider must get 503 and Retry-After."""
+    world.gateway_down()
+    try:
+        down = deliver(world, path, event)
+    finally:
+        world.gateway_up()
+    outcome.check(
+        down.status_code == 503 and bool(down.headers.get("retry-after")),
+        f"gateway down -> {_answer(down)} Retry-After={down.headers.get('retry-after')}",
+    )
+
+
+def check_found_by_lookup(outcome: Outcome, response: httpx.Response, label: str) -> None:
+    """The run completed with the task the CRM lookup found, instead of creating one."""
+    body = _body(response)
+    found = body.get("found_by_lookup") if isinstance(body, dict) else None
+    outcome.check(
+        response.status_code == 200 and found is True,
+        f"{label} -> {_answer(response)} found_by_lookup={found}",
+    )
+
+
 # ------------------------------------------------------------------ 01: POST /v1/events
 
 
@@ -177,18 +200,15 @@ def gateway_lost_answer(world: World, outcome: Outcome) -> None:
 
 def gateway_down(world: World, outcome: Outcome) -> None:
     event = _event("gw-down")
-    world.gateway_down()
-    try:
-        down = deliver(world, POST_EVENT_PATH, event)
-    finally:
-        world.gateway_up()
-    outcome.check(
-        down.status_code == 503 and bool(down.headers.get("retry-after")),
-        f"gateway down -> {_answer(down)} Retry-After={down.headers.get('retry-after')}",
-    )
+    deliver_while_down(world, POST_EVENT_PATH, event, outcome)
     outcome.check(world.key_status(_gateway_key(event)) is None, "nothing stored while down")
+    redeliver_until_done(world, event, outcome, "redelivery")
+
+
+def redeliver_until_done(world: World, event: dict[str, Any], outcome: Outcome, label: str) -> None:
+    """Deliver `event` to 01 again: accepted, and the gateway's worker finishes its key."""
     again = deliver(world, POST_EVENT_PATH, event)
-    outcome.check(again.status_code == 200, f"redelivery -> {_answer(again)}")
+    outcome.check(again.status_code == 200, f"{label} -> {_answer(again)}")
     outcome.check(_wait_succeeded(world, _gateway_key(event)), "gateway key succeeded")
     outcome.tasks = tasks(world, event["id"])
 
@@ -209,10 +229,7 @@ def gateway_bad_signature(world: World, outcome: Outcome) -> None:
     )
     outcome.check(world.key_status(_gateway_key(event)) is None, "nothing stored")
     outcome.check(tasks(world, event["id"]) == 0, "no task while refused")
-    again = deliver(world, POST_EVENT_PATH, event)
-    outcome.check(again.status_code == 200, f"after the fix, redelivery -> {_answer(again)}")
-    outcome.check(_wait_succeeded(world, _gateway_key(event)), "gateway key succeeded")
-    outcome.tasks = tasks(world, event["id"])
+    redeliver_until_done(world, event, outcome, "after the fix, redelivery")
 
 
 # ------------------------------------------------------------------ 02: claims
@@ -256,13 +273,7 @@ def claims_lost_answer(world: World, outcome: Outcome) -> None:
         first.status_code == 503 and bool(first.headers.get("retry-after")),
         f"CRM answer lost -> {_answer(first)}",
     )
-    again = deliver(world, CLAIM_PATH, event)
-    body = _body(again)
-    outcome.check(
-        again.status_code == 200 and isinstance(body, dict) and body.get("found_by_lookup"),
-        f"redelivery -> {_answer(again)} found_by_lookup="
-        f"{body.get('found_by_lookup') if isinstance(body, dict) else None}",
-    )
+    check_found_by_lookup(outcome, deliver(world, CLAIM_PATH, event), "redelivery")
     outcome.tasks = tasks(world, event["id"])
 
 
@@ -293,26 +304,13 @@ def claims_crashed_run(world: World, outcome: Outcome) -> None:
     # Let the earlier run's lease of 1 s run out (setup, not a measurement).
     time.sleep(2)
     delivered = deliver(world, CLAIM_PATH, event)
-    body = _body(delivered)
-    outcome.check(
-        delivered.status_code == 200 and isinstance(body, dict) and body.get("found_by_lookup"),
-        f"delivery after the crash -> {_answer(delivered)} found_by_lookup="
-        f"{body.get('found_by_lookup') if isinstance(body, dict) else None}",
-    )
+    check_found_by_lookup(outcome, delivered, "delivery after the crash")
     outcome.tasks = tasks(world, event["id"])
 
 
 def claims_gateway_down(world: World, outcome: Outcome) -> None:
     event = _event("cl-down")
-    world.gateway_down()
-    try:
-        down = deliver(world, CLAIM_PATH, event)
-    finally:
-        world.gateway_up()
-    outcome.check(
-        down.status_code == 503 and bool(down.headers.get("retry-after")),
-        f"gateway down -> {_answer(down)} Retry-After={down.headers.get('retry-after')}",
-    )
+    deliver_while_down(world, CLAIM_PATH, event, outcome)
     outcome.check(tasks(world, event["id"]) == 0, "no task while down")
     again = deliver(world, CLAIM_PATH, event)
     outcome.check(again.status_code == 200, f"redelivery -> {_answer(again)}")
