@@ -120,13 +120,18 @@ def sweep(
 
 @app.command()
 def worker(
-    concurrency: int = typer.Option(None, help="Worker processes (env WORKER_CONCURRENCY)."),
+    concurrency: int = typer.Option(
+        None, help="Attempts in flight: threads, or processes under prefork (WORKER_CONCURRENCY)."
+    ),
+    pool: str = typer.Option(None, help="threads (default) or prefork (WORKER_POOL)."),
 ) -> None:
     """Run the Celery worker that claims keys and runs actions."""
     _settings()
     args = [sys.executable, "-m", "worker"]
     if concurrency:
         args += ["--concurrency", str(concurrency)]
+    if pool:
+        args += ["--pool", pool]
     os.execv(sys.executable, args)
 
 
@@ -142,7 +147,9 @@ def migrate() -> None:
 
 @app.command()
 def dev(
-    concurrency: int = typer.Option(2, help="Worker processes."),
+    concurrency: int = typer.Option(
+        None, help="Worker attempts in flight (default: WORKER_CONCURRENCY or the pool's)."
+    ),
 ) -> None:
     """Run everything in the foreground: migrations, receiver, relay, worker, sweeper. Ctrl-C
     stops all.
@@ -171,7 +178,12 @@ def dev(
     commands = {
         "receiver": [sys.executable, "-m", "outbox.cli", "serve"],
         "relay": [sys.executable, "-m", "outbox.cli", "relay"],
-        "worker": [sys.executable, "-m", "worker", "--concurrency", str(concurrency)],
+        "worker": [
+            sys.executable,
+            "-m",
+            "worker",
+            *(["--concurrency", str(concurrency)] if concurrency else []),
+        ],
         "sweeper": [sys.executable, "-m", "outbox.cli", "sweep"],
     }
     children = {name: subprocess.Popen(cmd, env=env) for name, cmd in commands.items()}

@@ -44,7 +44,12 @@ def create_receiver_engine(settings: Settings) -> AsyncEngine:
 
 
 def create_sync_engine(
-    settings: Settings, *, pool_size: int = 2, pre_ping: bool = True, autocommit: bool = False
+    settings: Settings,
+    *,
+    pool_size: int = 2,
+    max_overflow: int = 2,
+    pre_ping: bool = True,
+    autocommit: bool = False,
 ) -> Engine:
     """A small pool for a relay or a worker process (one statement at a time per thread).
 
@@ -61,7 +66,7 @@ def create_sync_engine(
         settings.sqlalchemy_url(),
         isolation_level="AUTOCOMMIT" if autocommit else None,
         pool_size=pool_size,
-        max_overflow=2,
+        max_overflow=max_overflow,
         pool_timeout=30,
         pool_pre_ping=pre_ping,
         pool_recycle=3600,

@@ -48,7 +48,16 @@ class Settings(BaseSettings):
     # The worker. A lease long enough for a slow CRM call, short enough that a crashed
     # worker's key is recovered within a minute.
     lease_seconds: int = Field(default=30, ge=1)
-    worker_concurrency: int = Field(default=2, ge=1)
+    # How a worker runs attempts. `threads`: many attempts in flight per process, for actions
+    # that spend their time waiting on a downstream (http); `prefork`: one process per attempt,
+    # for python actions that need process isolation (a crash takes only its own attempt).
+    worker_pool: Literal["threads", "prefork"] = "threads"
+    # Attempts in flight per worker: threads per process, or processes under prefork. Unset:
+    # 32 threads (a 100 ms downstream then allows ~300 attempts/s per process), or 2 processes.
+    worker_concurrency: int | None = Field(default=None, ge=1)
+    # Connections each worker process (each prefork child) keeps for claims, finishes and lease
+    # renewals: statements of about a millisecond, so a few serve dozens of attempts in flight.
+    worker_db_pool_size: int = Field(default=4, ge=1, le=50)
     # How long the broker keeps an unacknowledged message before giving it to another
     # worker; far above any lease so a running task is not handed out twice by Redis.
     visibility_timeout: int = Field(default=3600, ge=1)
@@ -91,6 +100,12 @@ class Settings(BaseSettings):
 
     log_format: Literal["json", "console"] = "json"
     log_level: str = "INFO"
+
+    def concurrency(self) -> int:
+        """Attempts in flight per worker, by pool."""
+        if self.worker_concurrency is not None:
+            return self.worker_concurrency
+        return 32 if self.worker_pool == "threads" else 2
 
     def sqlalchemy_url(self) -> str:
         """The database URL with the psycopg 3 driver named, whatever form it was given in."""

@@ -258,6 +258,16 @@ read_timeout_seconds = 1
 connect_timeout_seconds = 1
 
 [[routes]]
+match = "wait.*"
+name = "wait"
+action = "http"
+url = "{downstream_url}/tasks"
+external_ref_pointer = "/id"
+reconcile_url = "{downstream_url}/tasks/by-key/{{key}}"
+read_timeout_seconds = 3
+connect_timeout_seconds = 1
+
+[[routes]]
 match = "odd.result"
 name = "odd-result"
 action = "python"
@@ -337,10 +347,12 @@ class Stack:
     def start_relay(self, name: str = "relay") -> None:
         self._spawn(name, ["-m", "outbox.cli", "relay"])
 
-    def start_worker(self, name: str = "worker", concurrency: int = 2) -> None:
+    def start_worker(self, name: str = "worker", concurrency: int | None = None) -> None:
+        """A worker with the default pool (WORKER_POOL in extra_env chooses another)."""
         self.metrics_ports[name] = free_port()
         self.extra_env["WORKER_METRICS_PORT"] = str(self.metrics_ports[name])
-        process = self._spawn(name, ["-m", "worker", "--concurrency", str(concurrency)])
+        flags = ["--concurrency", str(concurrency)] if concurrency else []
+        process = self._spawn(name, ["-m", "worker", *flags])
         # The metrics port opens just before Celery starts consuming.
         wait_for_port(self.metrics_ports[name], process, timeout=30)
 
