@@ -172,8 +172,7 @@ def replay_command(
         _fail(_validation_message(error))
     operator = _operator(by)
     with _engine() as (settings, engine):
-        routes = load_routes(settings.routes_file)
-        secret = replay.confirm_secret(settings)
+        routes, secret = load_routes(settings.routes_file), replay.confirm_secret(settings)
         if request.dry_run:
             report = replay.dry_run(engine, request, routes, secret=secret)
             return _print_report(report, request, as_json)

@@ -13,3 +13,8 @@ def sleep_then_succeed(ctx: ActionContext) -> ActionResult:
     while time.monotonic() < deadline and not ctx.cancelled.is_set():
         time.sleep(0.05)
     return ActionResult(result={"cancelled": ctx.cancelled.is_set()}, external_ref="slow-1")
+
+
+def echo_payload(ctx: ActionContext) -> ActionResult:
+    """Answer with the event's payload as the result (so the result carries its values)."""
+    return ActionResult(result=dict(ctx.payload))
