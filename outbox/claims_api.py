@@ -46,6 +46,11 @@ class ClaimRequest(BaseModel):
         except keys.InvalidKey as error:
             raise ValueError(str(error)) from error
 
+    @field_validator("payload")
+    @classmethod
+    def _finite_payload(cls, value: Any) -> Any:
+        return keys.require_finite(value)
+
 
 class HeartbeatRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -60,6 +65,11 @@ class CompleteRequest(BaseModel):
     lease_token: str = Field(min_length=1, max_length=200)
     result: Any = None
     external_ref: str | None = Field(default=None, max_length=500)
+
+    @field_validator("result")
+    @classmethod
+    def _finite_result(cls, value: Any) -> Any:
+        return keys.require_finite(value)
 
 
 class FailRequest(BaseModel):

@@ -68,6 +68,7 @@ def operator_router(
     router = APIRouter(
         prefix="/v1", tags=["operators"], responses=problem_responses(400, 401, 422, 503)
     )
+    secret = replay.confirm_secret(settings)
     Operator = Annotated[str, Depends(authorize)]
 
     @router.get("/dead-letters")
@@ -126,9 +127,13 @@ def operator_router(
         """Dry run by default: the report and its `confirm` token. Execute with
         `"dry_run": false` and that token; 409 with a fresh report if the set changed."""
         if request.dry_run:
-            report = await run_in_threadpool(replay.dry_run, engine(), request, routes)
+            report = await run_in_threadpool(
+                replay.dry_run, engine(), request, routes, secret=secret
+            )
             return JSONResponse({"dry_run": True, **report.as_dict()})
-        outcome = await run_in_threadpool(replay.execute, engine(), request, routes, operator)
+        outcome = await run_in_threadpool(
+            replay.execute, engine(), request, routes, operator, secret=secret
+        )
         match outcome:
             case replay.Stale(report):
                 raise Problem(

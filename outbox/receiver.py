@@ -375,7 +375,14 @@ def _reject_constant(name: str) -> Any:
 
 def _parse_envelope(body: bytes) -> Envelope:
     try:
-        document = json.loads(body, parse_constant=_reject_constant)
+        document = json.loads(body, parse_constant=_reject_constant, parse_float=keys.finite_float)
+    except keys.NumberOutOfRange as error:
+        raise Problem(
+            422,
+            "invalid_envelope",
+            "The event envelope is malformed.",
+            errors=[{"field": "(body)", "message": str(error), "type": "number_out_of_range"}],
+        ) from error
     except (ValueError, RecursionError) as error:
         raise Problem(400, "invalid_json", "The body is not a JSON document.") from error
     try:

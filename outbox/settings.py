@@ -95,6 +95,9 @@ class Settings(BaseSettings):
 
     # The operator API's bearer token. Unset: the operator endpoints answer 503 (never open).
     operator_token: str = ""
+    # Signs replay confirm tokens (HMAC), so only a dry run can issue one. Unset: derived from
+    # operator_token. The same value on every receiver and wherever `idem replay` runs.
+    replay_secret: str = ""
     # Worker metrics (Prometheus) are served on this port by the worker's main process.
     worker_metrics_port: int = Field(default=9808, ge=0)
 

@@ -19,7 +19,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import Engine
 
-from outbox import deadletters, keys, queries, stats
+from outbox import deadletters, keys, queries, replay, stats
 from outbox import operator_queries as oq
 from outbox.console import charts
 from outbox.console.auth import Gate, add_auth_routes
@@ -216,7 +216,7 @@ def console_router(
             f"{base_path(request)}/dead-letters/{number}?discarded=1", status_code=303
         )
 
-    add_replay_routes(router, gate, routes, engine)
+    add_replay_routes(router, gate, routes, engine, replay.confirm_secret(settings))
 
     @router.get("/keys")
     async def key_lookup(request: Request) -> Response:
