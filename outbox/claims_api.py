@@ -92,6 +92,13 @@ def claims_router(
 ) -> APIRouter:
     """The claims endpoints; `database(awaitable)` maps an outage to a 503."""
 
+    if not settings.claims_token:
+        log.warning(
+            "receiver.claims_token_unset",
+            detail="the claims API and event look-ups serve clients on this machine only;"
+            " set CLAIMS_TOKEN to serve workflows elsewhere",
+        )
+
     def authorize(request: Request) -> None:
         auth.require_token(request, settings.claims_token, realm="idem-claims")
 

@@ -64,12 +64,6 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         state["engine"] = create_receiver_engine(settings)
         # Operators, metrics and readiness use the synchronous stores in the thread pool.
         state["sync_engine"] = create_sync_engine(settings, pool_size=2)
-        if not settings.claims_token:
-            log.warning(
-                "receiver.claims_token_unset",
-                detail="the claims API and event look-ups serve clients on this machine only;"
-                " set CLAIMS_TOKEN to serve workflows elsewhere",
-            )
         try:
             yield
         finally:

@@ -216,7 +216,7 @@ def test_an_action_that_kills_its_worker_every_time_ends_in_a_dead_letter(
     claim past the budget (max_attempts 2) dead-letters the key as a crash loop: 2 effects."""
     stack = private_stack
     # Process isolation: under the threads pool the action would take the whole worker down.
-    stack.extra_env.update(LEASE_SECONDS="3", WORKER_POOL="prefork")
+    stack.extra_env["WORKER_POOL"] = "prefork"
     stack.start_all()
     stack.start_sweeper()
     key = _post(stack, "crasher", "odd.crash", url=f"{downstream.url}/tasks")
