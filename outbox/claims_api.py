@@ -7,13 +7,14 @@ The answers are made for an IF node: 201 claimed, 200 already_succeeded (use the
 
 # No `from __future__ import annotations`: FastAPI must resolve the models at definition time.
 
+import math
 import uuid
 from collections.abc import Callable
 from typing import Annotated, Any, assert_never
 
 from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox import claims, keys
@@ -26,11 +27,31 @@ log = get_logger(__name__)
 Seconds = Annotated[int, Field(ge=1, le=3600)]
 
 
+def _finite(value: Any) -> Any:
+    """Refuse NaN and Infinity anywhere in a value: Python's JSON parser reads them, but they
+    are not JSON, cannot be hashed canonically nor stored as jsonb (the event path refuses them
+    the same way)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError("NaN and Infinity are not JSON")
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return value
+
+
+# Any JSON value, without the non-standard constants.
+JsonValue = Annotated[Any, AfterValidator(_finite)]
+
+
 class ClaimRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     key: str = Field(min_length=1, max_length=255)
-    payload: Any = None
+    payload: JsonValue = None
     lease_seconds: Seconds | None = None
     correlation_id: str | None = Field(default=None, min_length=1, max_length=200)
     workflow: str | None = Field(default=None, min_length=1, max_length=500)
@@ -55,7 +76,7 @@ class CompleteRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     lease_token: str = Field(min_length=1, max_length=200)
-    result: Any = None
+    result: JsonValue = None
     external_ref: str | None = Field(default=None, max_length=500)
 
 
@@ -80,7 +101,7 @@ def claims_router(
         tags=["claims"],
         responses={
             409: json_response("in_progress (wait Retry-After), lease_lost, or finished"),
-            **problem_responses(400, 422, 503),
+            **problem_responses(400, 413, 422, 503),
         },
     )
     ttl_seconds = settings.claims_ttl_days * 86_400

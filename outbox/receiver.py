@@ -25,11 +25,13 @@ from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from outbox import contract, intake, keys, signatures
+from outbox.access import FailureThrottle, require_token_or_loopback
 from outbox.claims_api import claims_router
 from outbox.console import console_router
 from outbox.db import create_receiver_engine, create_sync_engine
 from outbox.envelope import Envelope
 from outbox.fastpath import EVENTS_PATH, Receiver, read_body
+from outbox.limits import BodyTooLarge, RequestLimits, too_large
 from outbox.logs import get_logger
 from outbox.metrics import ReceiverMetrics
 from outbox.migrate import is_at_head
@@ -58,6 +60,8 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
 
     metrics = ReceiverMetrics(sync_engine)
     source_secrets = _source_secrets(settings, routes)
+    # One count of failed credentials for every endpoint that takes one (outbox/access.py).
+    throttle = FailureThrottle(settings.auth_failure_limit, settings.auth_failure_window_seconds)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -75,7 +79,12 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         version="0.1.0",
         summary="Exactly-once side effects for automation workflows.",
         lifespan=lifespan,
+        # The schema and its viewers map every endpoint for a scanner: only when asked for.
+        openapi_url="/openapi.json" if settings.api_docs else None,
+        docs_url="/docs" if settings.api_docs else None,
+        redoc_url="/redoc" if settings.api_docs else None,
     )
+    app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes)
 
     @app.exception_handler(Problem)
     async def _problem(_: Request, problem: Problem) -> JSONResponse:
@@ -83,6 +92,8 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        if isinstance(error, BodyTooLarge):
+            return problem_response(too_large(error.limit))
         code = {400: "invalid_json", 404: "not_found", 405: "method_not_allowed"}.get(
             error.status_code, "error"
         )
@@ -298,13 +309,15 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
     @app.get("/metrics", include_in_schema=False)
-    async def prometheus_metrics() -> Response:
-        """Prometheus text format."""
+    async def prometheus_metrics(request: Request) -> Response:
+        """Prometheus text format: with METRICS_TOKEN set, for its bearer only; unset, for
+        loopback clients only (a scrape counts keys, and the counts are not public)."""
+        require_token_or_loopback(request, settings.metrics_token, throttle, "metrics")
         body = await run_in_threadpool(generate_latest, metrics.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(operator_router(settings, routes, sync_engine))
-    app.include_router(console_router(settings, routes, sync_engine))
+    app.include_router(operator_router(settings, routes, sync_engine, throttle))
+    app.include_router(console_router(settings, routes, sync_engine, throttle))
     app.include_router(claims_router(settings, lambda: state["engine"], database))
 
     return app

@@ -25,7 +25,8 @@ import psycopg
 from outbox.embedded import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
-OPERATOR_TOKEN = "test-operator-token"
+# At least 32 characters, or the receiver refuses to start.
+OPERATOR_TOKEN = "test-operator-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 WEBHOOK_SECRET = "whsec_test_0123456789abcdef"
 
@@ -279,6 +280,9 @@ class Stack:
             SWEEP_INTERVAL_SECONDS="0.5",
             SWEEP_GRACE_SECONDS="2",
             OPERATOR_TOKEN=OPERATOR_TOKEN,
+            # The shared stack sees every test's deliberate wrong tokens from one address;
+            # the throttle itself is tested on a receiver of its own.
+            AUTH_FAILURE_LIMIT="100000",
             WEBHOOK_SECRETS=f"signed={WEBHOOK_SECRET}",
             PYTHONPATH=str(ROOT),
         )
