@@ -6,6 +6,7 @@ Each test runs `idem worker` against a redis-server of its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -29,7 +30,11 @@ def own_redis(tmp_path: Path) -> Iterator[str]:
     process.wait(timeout=10)
 
 
-def _start_worker(database_url: str, redis_url: str, routes_file: Path, log: Path) -> Any:
+@contextlib.contextmanager
+def _worker(
+    database_url: str, redis_url: str, routes_file: Path, log: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], redis.Redis[Any]]]:
+    """`idem worker` on its own Redis, and a client of that Redis; killed if still running."""
     env = dict(
         os.environ,
         DATABASE_URL=database_url,
@@ -40,13 +45,21 @@ def _start_worker(database_url: str, redis_url: str, routes_file: Path, log: Pat
         PYTHONPATH=str(ROOT),
     )
     with log.open("wb") as out:
-        return subprocess.Popen(
+        worker = subprocess.Popen(
             [sys.executable, "-m", "outbox.cli", "worker", "--concurrency", "1"],
             env=env,
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+    client: redis.Redis[Any] = redis.Redis.from_url(redis_url)
+    try:
+        yield worker, client
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        client.close()
 
 
 def _consuming(client: redis.Redis[Any]) -> list[dict[str, Any]]:
@@ -59,17 +72,10 @@ def test_worker_exits_non_zero_when_celery_stops_by_itself(
 ) -> None:
     """A broker error Celery cannot recover from (a blocked read answered with an error, as on
     a Redis fail-over) stops the worker, and `idem worker` then exits non-zero, not 0."""
-    worker = _start_worker(database_url, own_redis, routes_file, tmp_path / "worker.log")
-    client: redis.Redis[Any] = redis.Redis.from_url(own_redis)
-    try:
+    with _worker(database_url, own_redis, routes_file, tmp_path / "worker.log") as (worker, client):
         for blocked in wait_until(lambda: _consuming(client), timeout=60):
             client.execute_command("CLIENT", "UNBLOCK", blocked["id"], "ERROR")
         status = worker.wait(timeout=60)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
-        client.close()
     log = (tmp_path / "worker.log").read_text(errors="replace")
     assert status != 0, log[-2000:]
     assert "Unrecoverable error" in log
@@ -81,15 +87,8 @@ def test_worker_exits_zero_when_asked_to_stop(
 ) -> None:
     """SIGTERM (what `docker compose stop` and systemd send) is a stop that was asked for:
     the worker shuts down warm and exits 0."""
-    worker = _start_worker(database_url, own_redis, routes_file, tmp_path / "worker.log")
-    client: redis.Redis[Any] = redis.Redis.from_url(own_redis)
-    try:
+    with _worker(database_url, own_redis, routes_file, tmp_path / "worker.log") as (worker, client):
         wait_until(lambda: _consuming(client), timeout=60)
         worker.send_signal(signal.SIGTERM)
         status = worker.wait(timeout=60)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
-        client.close()
     assert status == 0, (tmp_path / "worker.log").read_text(errors="replace")[-2000:]
