@@ -25,6 +25,10 @@ TITLES: dict[str, str] = {
     "not_found": "No such resource",
     "method_not_allowed": "Method not allowed",
     "invalid_request": "The request is malformed",
+    "headers_too_large": "The request's headers are larger than the limit",
+    "unauthorized": "A valid bearer token is required",
+    "too_many_failures": "Too many failed credentials from this address",
+    "metrics_forbidden": "Metrics are for loopback clients or the metrics token",
 }
 
 
@@ -81,8 +85,10 @@ _DESCRIPTIONS = {
     403: "Forbidden",
     404: "Not found",
     409: "Conflict with the resource's current state",
-    413: "Body too large",
+    413: "Body too large (MAX_BODY_BYTES)",
     422: "Invalid input, or a key reused with another payload; nothing changed",
+    429: "Too many failed credentials from this address; retry after Retry-After",
+    431: "Request headers too large",
     503: "A dependency is unavailable (or the feature is disabled); retry after Retry-After",
 }
 

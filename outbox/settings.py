@@ -94,12 +94,26 @@ class Settings(BaseSettings):
     claims_token: str = ""
 
     # The operator API's bearer token. Unset: the operator endpoints answer 503 (never open).
+    # At least 32 characters (outbox/tokens.py), or the processes refuse to start.
     operator_token: str = ""
     # Signs replay confirm tokens (HMAC), so only a dry run can issue one. Unset: derived from
     # operator_token. The same value on every receiver and wherever `idem replay` runs.
     replay_secret: str = ""
+    # The bearer token of the receiver's /metrics. Unset: /metrics answers loopback clients only.
+    metrics_token: str = ""
+    # Failed bearer tokens and console sign-ins allowed per client address within the window,
+    # then 429 until the oldest leaves it: a handful of typos pass, guessing does not.
+    auth_failure_limit: int = Field(default=10, ge=1)
+    auth_failure_window_seconds: float = Field(default=300.0, gt=0)
+    # /docs, /redoc and /openapi.json: off in production (they map the attack surface), on
+    # under `idem dev`.
+    api_docs: bool = False
     # Worker metrics (Prometheus) are served on this port by the worker's main process.
     worker_metrics_port: int = Field(default=9808, ge=0)
+
+    # The relay and the sweeper touch this file on every turn of their loop; `idem alive`
+    # checks that it is recent (container healthchecks). Unset: no file.
+    heartbeat_file: Path | None = None
 
     log_format: Literal["json", "console"] = "json"
     log_level: str = "INFO"

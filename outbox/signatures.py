@@ -50,7 +50,9 @@ def verify(
             f"Sign the request: {source.timestamp_header} and "
             f"{source.signature_header} are required for this source.",
         )
-    if not stamp.strip().isascii() or not stamp.strip().isdigit():
+    # Unix seconds have 10 digits; a longer value is refused before int() would have to parse
+    # thousands of digits (which Python refuses with an error of its own).
+    if len(stamp) > 20 or not stamp.strip().isascii() or not stamp.strip().isdigit():
         raise _unauthorized("invalid_signature", f"{source.timestamp_header} is not unix seconds.")
     timestamp = int(stamp.strip())
     if abs((now if now is not None else time.time()) - timestamp) > source.tolerance_seconds:

@@ -26,7 +26,8 @@ from sqlalchemy import make_url
 from outbox.embedded import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
-OPERATOR_TOKEN = "test-operator-token"
+# At least 32 characters, or the receiver refuses to start.
+OPERATOR_TOKEN = "test-operator-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 CLAIMS_TOKEN = "test-claims-token-0123456789abcdef-xyz"
 WEBHOOK_SECRET = "whsec_test_0123456789abcdef"
@@ -325,6 +326,9 @@ class Stack:
             SWEEP_GRACE_SECONDS="2",
             OPERATOR_TOKEN=OPERATOR_TOKEN,
             CLAIMS_TOKEN=CLAIMS_TOKEN,
+            # The shared stack sees every test's deliberate wrong tokens from one address;
+            # the throttle itself is tested on a receiver of its own.
+            AUTH_FAILURE_LIMIT="100000",
             WEBHOOK_SECRETS=f"signed={WEBHOOK_SECRET}",
             PYTHONPATH=str(ROOT),
         )

@@ -79,7 +79,7 @@ def add_replay_routes(
 ) -> None:
     @router.get("/replays")
     async def replay_form(request: Request) -> Response:
-        session = gate.page(request)
+        session = await gate.page(request)
         if isinstance(session, Response):
             return session
         form = ReplayForm(request.query_params.getlist)
