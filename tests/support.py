@@ -494,3 +494,38 @@ def proxied_database(database_url: str) -> tuple[TcpProxy, str]:
         proxy = TcpProxy(url.port or 5432, url.host or "127.0.0.1").start()
     proxied = url.set(host="127.0.0.1", port=proxy.port).difference_update_query(["host"])
     return proxy, proxied.render_as_string(hide_password=False)
+
+
+FINAL_STATUSES = ("succeeded", "failed_final", "quarantined")
+
+
+def key_state(stack: Stack, key: str) -> dict[str, Any]:
+    """`GET /v1/events/{key}` as a workflow reads it."""
+    with stack.client() as client:
+        answer = client.get(f"/v1/events/{key}")
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+def finished(stack: Stack, key: str, timeout: float = 60) -> dict[str, Any]:
+    """Wait until the key reaches a final status; return its state."""
+
+    def final() -> dict[str, Any] | None:
+        state = key_state(stack, key)
+        return state if state["status"] in FINAL_STATUSES else None
+
+    result: dict[str, Any] = wait_until(final, timeout=timeout)
+    return result
+
+
+def claim(stack: Stack, key: str, **extra: Any) -> httpx.Response:
+    """`POST /v1/claims` with the claims token."""
+    with stack.client() as client:
+        return client.post("/v1/claims", json={"key": key, **extra})
+
+
+def claim_call(stack: Stack, key: str, action: str, body: dict[str, Any]) -> httpx.Response:
+    """`POST /v1/claims/{key}/{heartbeat|complete|fail}` with the claims token."""
+    with stack.client() as client:
+        return client.post(f"/v1/claims/{key}/{action}", json=body)
