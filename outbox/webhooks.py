@@ -99,7 +99,7 @@ def provider_event(
     return event, route
 
 
-SourcePath = Annotated[str, Path(min_length=1, max_length=200)]
+SourcePath = Annotated[str, Path(min_length=1, max_length=200, examples=["stripe"])]
 
 
 def webhooks_router(

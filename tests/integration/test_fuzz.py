@@ -10,8 +10,8 @@ from tests.support import AUTH, Stack
 
 def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(stack: Stack) -> None:
     """Hundreds of generated requests (valid and invalid) against every operation, including
-    the operator endpoints with the token: no 5xx, and every status code, content type and body
-    as the schema documents."""
+    the operator endpoints with the token and the provider webhook endpoint: no 5xx, and every
+    status code, content type and body as the schema documents."""
     checks = ",".join(
         [
             "not_a_server_error",
@@ -47,3 +47,4 @@ def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(stack: St
     summary = run.stdout[-4000:]
     assert run.returncode == 0, summary
     assert " passed" in summary
+    assert "POST /v1/webhooks/{source}" in run.stdout, summary

@@ -190,3 +190,20 @@ def test_webhook_secrets_and_the_file_make_the_sources() -> None:
     assert known["form"].all_secrets == ("short", "short2")
     assert known["stripe"].scheme == "stripe"
     assert set(admission.signers(settings, known)) == {"form", "stripe"}
+
+
+def test_the_example_routes_file_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/routes.toml is valid once its secrets are in the environment, and declares the
+    four provider sources."""
+    for name in ("BILLING", "STRIPE", "GITHUB", "ACME"):
+        monkeypatch.setenv(f"{name}_WEBHOOK_SECRET", STANDARD if name == "ACME" else SECRET)
+    monkeypatch.setenv("SHOPIFY_CLIENT_SECRET", SECRET)
+    table = load_routes(Path(__file__).parents[2] / "examples" / "routes.toml")
+    schemes = {name: source.scheme for name, source in table.sources.items()}
+    assert schemes == {
+        "billing": "hmac",
+        "stripe": "stripe",
+        "github": "github",
+        "shopify": "shopify",
+        "acme": "standard",
+    }
