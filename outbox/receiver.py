@@ -39,7 +39,7 @@ from outbox.problems import Problem, json_response, problem_response, problem_re
 from outbox.routes import RouteTable, load_routes
 from outbox.settings import Settings, get_settings
 from outbox.timewindow import iso
-from outbox.webhooks import webhooks_router
+from outbox.webhooks import webhook_ingest, webhooks_router
 
 log = get_logger(__name__)
 
@@ -253,17 +253,10 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
     app.include_router(operator_router(settings, routes, sync_engine))
     app.include_router(console_router(settings, routes, sync_engine))
     app.include_router(claims_router(settings, lambda: state["engine"], database))
-    app.include_router(
-        webhooks_router(
-            settings,
-            routes,
-            known_sources,
-            signers,
-            lambda: state["engine"],
-            database,
-            metrics,
-        )
+    app.ingest_webhook = webhook_ingest(
+        settings, routes, known_sources, signers, lambda: state["engine"], database, metrics
     )
+    app.include_router(webhooks_router(app.ingest_webhook))
 
     return app
 

@@ -17,7 +17,7 @@ action gets exactly what the provider sent. An `Idempotency-Key` header plays no
 # No `from __future__ import annotations`: FastAPI must resolve the signature at definition time.
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
@@ -102,7 +102,10 @@ def provider_event(
 SourcePath = Annotated[str, Path(min_length=1, max_length=200, examples=["stripe"])]
 
 
-def webhooks_router(
+WebhookHandler = Callable[[str, Request], Awaitable[JSONResponse]]
+
+
+def webhook_ingest(
     settings: Settings,
     routes: RouteTable,
     known: dict[str, Source],
@@ -110,25 +113,10 @@ def webhooks_router(
     engine: Callable[[], AsyncEngine],
     database: Callable[[Any], Any],
     metrics: ReceiverMetrics,
-) -> APIRouter:
-    """The provider endpoint; `database(awaitable)` maps an outage to a 503."""
-    router = APIRouter(tags=["webhooks"])
+) -> WebhookHandler:
+    """The provider endpoint's handler; `database(awaitable)` maps an outage to a 503. The
+    receiver's app calls it ahead of the framework (outbox/fastpath.py)."""
 
-    @router.post(
-        WEBHOOKS_PATH,
-        status_code=202,
-        responses={
-            200: json_response("A repeat of a known event (a provider's retry): the first answer"),
-            202: json_response("Accepted: a new event, committed with its outbox row"),
-            **problem_responses(400, 401, 403, 404, 413, 422, 503),
-        },
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": {"type": "object"}}},
-            }
-        },
-    )
     async def post_webhook(source: SourcePath, request: Request) -> JSONResponse:
         """Take a provider's signed webhook as it was sent; repeats answer 200."""
         name = keys.normalize_text(source).casefold()
@@ -143,4 +131,27 @@ def webhooks_router(
         outcome = await database(intake.accept(engine(), event))
         return respond(outcome, event, metrics, repeat_status=200)
 
+    return post_webhook
+
+
+def webhooks_router(handler: WebhookHandler) -> APIRouter:
+    """The endpoint as declared for OpenAPI (and for requests the shortcut does not take)."""
+    router = APIRouter(tags=["webhooks"])
+    router.add_api_route(
+        WEBHOOKS_PATH,
+        handler,
+        methods=["POST"],
+        status_code=202,
+        responses={
+            200: json_response("A repeat of a known event (a provider's retry): the first answer"),
+            202: json_response("Accepted: a new event, committed with its outbox row"),
+            **problem_responses(400, 401, 403, 404, 413, 422, 503),
+        },
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            }
+        },
+    )
     return router

@@ -13,7 +13,17 @@ import pytest
 
 from tests.support import ROOT
 
-SECTIONS = ("machine", "ingest", "duplicates", "e2e", "relay", "growth", "memory", "checks")
+SECTIONS = (
+    "machine",
+    "ingest",
+    "duplicates",
+    "e2e",
+    "relay",
+    "growth",
+    "memory",
+    "webhooks",
+    "checks",
+)
 
 
 def _numbers(value: Any) -> list[float]:
