@@ -77,4 +77,5 @@ def test_bench_smoke_writes_every_section(pg_admin_url: str, tmp_path: Path) -> 
         "4 relay",
         "5 growth",
         "6 memory",
+        "7 webhooks",
     }
