@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from outbox import keys
 from outbox.problems import Problem
 
 
@@ -13,9 +14,12 @@ def _reject_constant(name: str) -> Any:
 
 
 def parse_json(body: bytes) -> Any:
-    """The body's JSON document; NaN and Infinity are not JSON. 400 `invalid_json` otherwise."""
+    """The body's JSON document; NaN and Infinity are not JSON. 400 `invalid_json` otherwise;
+    `keys.NumberOutOfRange` (a number beyond a double) is left to the caller to answer."""
     try:
-        return json.loads(body, parse_constant=_reject_constant)
+        return json.loads(body, parse_constant=_reject_constant, parse_float=keys.finite_float)
+    except keys.NumberOutOfRange:
+        raise
     except (ValueError, RecursionError) as error:
         raise Problem(400, "invalid_json", "The body is not a JSON document.") from error
 

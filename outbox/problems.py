@@ -34,6 +34,10 @@ TITLES: dict[str, str] = {
     "source_not_found": "No webhook source of this name",
     "missing_event_id": "No event id where the source says it is",
     "missing_event_type": "No event type where the source says it is",
+    "headers_too_large": "The request's headers are larger than the limit",
+    "unauthorized": "A valid bearer token is required",
+    "too_many_failures": "Too many failed credentials from this address",
+    "metrics_forbidden": "Metrics are for loopback clients or the metrics token",
 }
 
 
@@ -90,8 +94,10 @@ _DESCRIPTIONS = {
     403: "Forbidden (the source may not trigger this route); nothing was stored",
     404: "Not found",
     409: "Conflict with the resource's current state",
-    413: "Body too large",
+    413: "Body too large (MAX_BODY_BYTES)",
     422: "Invalid input, or a key reused with another payload; nothing changed",
+    429: "Too many failed credentials from this address; retry after Retry-After",
+    431: "Request headers too large",
     503: "A dependency is unavailable (or the feature is disabled); retry after Retry-After",
 }
 

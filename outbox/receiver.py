@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import redis
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
@@ -24,6 +23,7 @@ from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from outbox import admission, contract, intake, keys
+from outbox.access import FailureThrottle, require_token_or_loopback
 from outbox.answers import respond
 from outbox.claims_api import claims_router
 from outbox.console import console_router
@@ -31,11 +31,12 @@ from outbox.db import create_receiver_engine, create_sync_engine
 from outbox.envelope import Envelope
 from outbox.fastpath import EVENTS_PATH, Receiver, read_body
 from outbox.jsonbody import parse_json
+from outbox.limits import BodyTooLarge, RequestLimits, too_large
 from outbox.logs import get_logger
 from outbox.metrics import ReceiverMetrics
-from outbox.migrate import is_at_head
 from outbox.operator_api import operator_router
 from outbox.problems import Problem, json_response, problem_response, problem_responses
+from outbox.readiness import readiness
 from outbox.routes import RouteTable, load_routes
 from outbox.settings import Settings, get_settings
 from outbox.timewindow import iso
@@ -59,6 +60,8 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
     metrics = ReceiverMetrics(sync_engine)
     known_sources = admission.sources(settings, routes)
     signers = admission.signers(settings, known_sources)
+    # One count of failed credentials for every endpoint that takes one (outbox/access.py).
+    throttle = FailureThrottle(settings.auth_failure_limit, settings.auth_failure_window_seconds)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -76,7 +79,12 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         version="0.1.0",
         summary="Exactly-once side effects for automation workflows.",
         lifespan=lifespan,
+        # The schema and its viewers map every endpoint for a scanner: only when asked for.
+        openapi_url="/openapi.json" if settings.api_docs else None,
+        docs_url="/docs" if settings.api_docs else None,
+        redoc_url="/redoc" if settings.api_docs else None,
     )
+    app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes)
 
     @app.exception_handler(Problem)
     async def _problem(_: Request, problem: Problem) -> JSONResponse:
@@ -84,6 +92,8 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        if isinstance(error, BodyTooLarge):
+            return problem_response(too_large(error.limit))
         code = {400: "invalid_json", 404: "not_found", 405: "method_not_allowed"}.get(
             error.status_code, "error"
         )
@@ -206,9 +216,15 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
 
     app.ingest = post_event
 
-    @app.get("/v1/events/{key:path}", responses=problem_responses(404, 422, 503))
-    async def get_event(key: str) -> JSONResponse:
-        """The state of one key: status, attempts, result, external_ref, error_code, times."""
+    @app.get("/v1/events/{key:path}", responses=problem_responses(401, 403, 404, 422, 429, 503))
+    async def get_event(key: str, request: Request) -> JSONResponse:
+        """The state of one key: status, attempts, result, external_ref, error_code, times.
+
+        The stored result is the downstream's answer: only holders of the claims or operator
+        token (or, with neither configured, clients on this machine) may read it.
+        """
+        tokens = (settings.claims_token, settings.operator_token)
+        require_token_or_loopback(request, tokens, throttle, "claims")
         row = await database(intake.get_key(state["engine"], key))
         if row is None:
             raise Problem(404, "key_not_found", "No event is stored under this key.")
@@ -220,6 +236,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
                 "result": row["result"],
                 "external_ref": row["external_ref"],
                 "error_code": row["error_code"],
+                "uncertain": row["uncertain"],
                 "correlation_id": row["correlation_id"],
                 "source": row["source"],
                 "event_type": row["event_type"],
@@ -245,14 +262,16 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
     @app.get("/metrics", include_in_schema=False)
-    async def prometheus_metrics() -> Response:
-        """Prometheus text format."""
+    async def prometheus_metrics(request: Request) -> Response:
+        """Prometheus text format: with METRICS_TOKEN set, for its bearer only; unset, for
+        loopback clients only (a scrape counts keys, and the counts are not public)."""
+        require_token_or_loopback(request, settings.metrics_token, throttle, "metrics")
         body = await run_in_threadpool(generate_latest, metrics.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(operator_router(settings, routes, sync_engine))
-    app.include_router(console_router(settings, routes, sync_engine))
-    app.include_router(claims_router(settings, lambda: state["engine"], database))
+    app.include_router(operator_router(settings, routes, sync_engine, throttle))
+    app.include_router(console_router(settings, routes, sync_engine, throttle))
+    app.include_router(claims_router(settings, lambda: state["engine"], database, throttle))
     app.ingest_webhook = webhook_ingest(
         settings, routes, known_sources, signers, lambda: state["engine"], database, metrics
     )
@@ -270,26 +289,16 @@ def _unavailable(settings: Settings) -> Problem:
     )
 
 
-def readiness(engine: Engine, redis_url: str) -> dict[str, bool]:
-    """Each dependency's state: reachable database, schema at head, reachable broker."""
-    checks = {"database": False, "migrations": False, "broker": False}
-    try:
-        with engine.connect() as conn:
-            checks["database"] = True
-            checks["migrations"] = is_at_head(conn)
-    except Exception as error:
-        log.warning("readyz.database", error=type(error).__name__)
-    try:
-        client = redis.Redis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=2)
-        with client:
-            checks["broker"] = bool(client.ping())
-    except Exception as error:
-        log.warning("readyz.broker", error=type(error).__name__)
-    return checks
-
-
 def _parse_envelope(body: bytes) -> Envelope:
-    document = parse_json(body)
+    try:
+        document = parse_json(body)
+    except keys.NumberOutOfRange as error:
+        raise Problem(
+            422,
+            "invalid_envelope",
+            "The event envelope is malformed.",
+            errors=[{"field": "(body)", "message": str(error), "type": "number_out_of_range"}],
+        ) from error
     try:
         return Envelope.model_validate(document)
     except ValidationError as error:

@@ -69,7 +69,10 @@ def provider_event(
     source: Source, headers: Mapping[str, str], body: bytes, routes: RouteTable
 ) -> tuple[intake.NewEvent, Route]:
     """The event a verified provider request carries, and the route it takes."""
-    document = parse_json(body)
+    try:
+        document = parse_json(body)
+    except keys.NumberOutOfRange as error:
+        raise Problem(400, "invalid_json", f"The body cannot be stored: {error}.") from error
     if not isinstance(document, dict):
         raise Problem(400, "invalid_json", "The body is not a JSON object.")
     event_id = _required("event_id", source.event_id_at, document, headers)

@@ -21,12 +21,15 @@ from urllib.parse import unquote
 
 import httpx
 import psycopg
+from sqlalchemy import make_url
 
 from outbox.embedded import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
-OPERATOR_TOKEN = "test-operator-token"
+# At least 32 characters, or the receiver refuses to start.
+OPERATOR_TOKEN = "test-operator-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+CLAIMS_TOKEN = "test-claims-token-0123456789abcdef-xyz"
 WEBHOOK_SECRET = "whsec_test_0123456789abcdef"
 # The providers' sources in the test routes file (`write_routes`): name -> (scheme, secret).
 PROVIDER_SECRETS = {
@@ -99,6 +102,8 @@ class Reply:
     commit: bool | None = None  # None: commit exactly when the status is 2xx
     delay: float = 0.0
     drop: bool = False
+    # Fields added to the JSON answer.
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -116,6 +121,8 @@ class Downstream:
     requests: list[dict[str, Any]] = field(default_factory=list)
     lookups: list[str] = field(default_factory=list)
     behaviour: Callable[[str, int], Reply] | None = None
+    # `lookup_failure(key, lookup_number)`: a status to answer a lookup with instead (a 503).
+    lookup_failure: Callable[[str, int], int | None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
@@ -125,6 +132,7 @@ class Downstream:
             self.requests.clear()
             self.lookups.clear()
             self.behaviour = None
+            self.lookup_failure = None
 
     @property
     def url(self) -> str:
@@ -165,7 +173,12 @@ class Downstream:
                 with downstream.lock:
                     downstream.lookups.append(key)
                     ref = downstream.refs.get(key)
-                if ref is None:
+                    failing = downstream.lookup_failure
+                    number = downstream.lookups.count(key)
+                failure = failing(key, number) if failing else None
+                if failure is not None:
+                    self._answer(failure, {"error": "lookup failed"}, {})
+                elif ref is None:
                     self._answer(404, {"error": "not found"}, {})
                 else:
                     self._answer(200, {"id": ref}, {})
@@ -187,7 +200,7 @@ class Downstream:
                     behaviour = downstream.behaviour
                 reply = behaviour(key, seen + 1) if behaviour else Reply()
                 commit = (200 <= reply.status < 300) if reply.commit is None else reply.commit
-                answer: dict[str, Any] = {}
+                answer: dict[str, Any] = dict(reply.extra)
                 if commit:
                     answer["id"] = downstream._commit(key)
                 if reply.delay:
@@ -251,6 +264,39 @@ url = "{downstream_url}/tasks"
 required_fields = ["email", "phone"]
 read_timeout_seconds = 1
 connect_timeout_seconds = 1
+
+[[routes]]
+match = "wait.*"
+name = "wait"
+action = "http"
+url = "{downstream_url}/tasks"
+external_ref_pointer = "/id"
+reconcile_url = "{downstream_url}/tasks/by-key/{{key}}"
+read_timeout_seconds = 3
+connect_timeout_seconds = 1
+
+[[routes]]
+match = "odd.result"
+name = "odd-result"
+action = "python"
+function = "tests.actions:effect_then_unstorable"
+
+[[routes]]
+match = "odd.crash"
+name = "odd-crash"
+action = "python"
+function = "tests.actions:effect_then_exit"
+max_attempts = 2
+
+[[routes]]
+match = "odd.hang"
+name = "odd-hang"
+action = "python"
+function = "tests.actions:effect_then_hang"
+timeout_seconds = 1.5
+max_attempts = 2
+backoff_base_seconds = 0.2
+backoff_cap_seconds = 0.5
 
 [[routes]]
 match = "payment.*"
@@ -332,6 +378,10 @@ class Stack:
             SWEEP_INTERVAL_SECONDS="0.5",
             SWEEP_GRACE_SECONDS="2",
             OPERATOR_TOKEN=OPERATOR_TOKEN,
+            CLAIMS_TOKEN=CLAIMS_TOKEN,
+            # The shared stack sees every test's deliberate wrong tokens from one address;
+            # the throttle itself is tested on a receiver of its own.
+            AUTH_FAILURE_LIMIT="100000",
             WEBHOOK_SECRETS=f"signed={WEBHOOK_SECRET}",
             PYTHONPATH=str(ROOT),
         )
@@ -354,10 +404,12 @@ class Stack:
     def start_relay(self, name: str = "relay") -> None:
         self._spawn(name, ["-m", "outbox.cli", "relay"])
 
-    def start_worker(self, name: str = "worker", concurrency: int = 2) -> None:
+    def start_worker(self, name: str = "worker", concurrency: int | None = None) -> None:
+        """A worker with the default pool (WORKER_POOL in extra_env chooses another)."""
         self.metrics_ports[name] = free_port()
         self.extra_env["WORKER_METRICS_PORT"] = str(self.metrics_ports[name])
-        process = self._spawn(name, ["-m", "worker", "--concurrency", str(concurrency)])
+        flags = ["--concurrency", str(concurrency)] if concurrency else []
+        process = self._spawn(name, ["-m", "worker", *flags])
         # The metrics port opens just before Celery starts consuming.
         wait_for_port(self.metrics_ports[name], process, timeout=30)
 
@@ -375,7 +427,10 @@ class Stack:
         return f"http://127.0.0.1:{self.port}"
 
     def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=15)
+        """A workflow's client: it sends the claims token (the operators' calls send theirs)."""
+        return httpx.Client(
+            base_url=self.url, timeout=15, headers={"Authorization": f"Bearer {CLAIMS_TOKEN}"}
+        )
 
     def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
         process = self.processes.pop(name)
@@ -480,3 +535,15 @@ class TcpProxy:
 
     def stop(self) -> None:
         self.cut()
+
+
+def proxied_database(database_url: str) -> tuple[TcpProxy, str]:
+    """A started TcpProxy in front of the test database, and the URL that goes through it."""
+    url = make_url(database_url)
+    socket_dir = url.query.get("host")
+    if isinstance(socket_dir, str):  # an embedded server listens on a Unix socket only
+        proxy = TcpProxy(unix_socket=f"{socket_dir}/.s.PGSQL.{url.port or 5432}").start()
+    else:
+        proxy = TcpProxy(url.port or 5432, url.host or "127.0.0.1").start()
+    proxied = url.set(host="127.0.0.1", port=proxy.port).difference_update_query(["host"])
+    return proxy, proxied.render_as_string(hide_password=False)
