@@ -1,9 +1,10 @@
-"""The receiver's app class, which takes `POST /v1/events` ahead of the framework's request
-stack, and reading that request's body within its limit."""
+"""The receiver's app class, which takes `POST /v1/events` and `POST /v1/webhooks/{source}`
+ahead of the framework's request stack, and reading such a request's body within its limit."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -13,6 +14,7 @@ from starlette.types import Receive, Scope, Send
 from outbox.limits import headers_too_large, too_large
 
 EVENTS_PATH = "/v1/events"
+WEBHOOKS_PREFIX = "/v1/webhooks/"
 
 
 class Receiver(FastAPI):
@@ -26,18 +28,27 @@ class Receiver(FastAPI):
     exception handlers, exactly as the stack would. The route is declared as well, for the
     OpenAPI document and for any request this shortcut does not match. The one middleware,
     `limits.RequestLimits`, is applied here too: the header limit below, the body limit by
-    `read_body`.
+    `read_body`. Providers' webhooks (`POST /v1/webhooks/{source}`, one path segment) take the
+    same shortcut.
     """
 
     ingest: Callable[[Request], Awaitable[Response]] | None = None
+    ingest_webhook: Callable[[str, Request], Awaitable[Response]] | None = None
+
+    def _shortcut(self, scope: Scope) -> Callable[[Request], Awaitable[Response]] | None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return None
+        path: str = scope["path"]
+        if path == EVENTS_PATH:
+            return self.ingest
+        source = path.removeprefix(WEBHOOKS_PREFIX)
+        if self.ingest_webhook is None or source == path or not source or "/" in source:
+            return None
+        return partial(self.ingest_webhook, source)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            self.ingest is None
-            or scope["type"] != "http"
-            or scope["path"] != EVENTS_PATH
-            or scope["method"] != "POST"
-        ):
+        handler = self._shortcut(scope)
+        if handler is None:
             await super().__call__(scope, receive, send)
             return
         scope["app"] = self
@@ -46,7 +57,7 @@ class Receiver(FastAPI):
             refused = headers_too_large(scope)
             if refused is not None:
                 raise refused
-            response = await self.ingest(request)
+            response = await handler(request)
         except Exception as error:
             handler = self._exception_handler(error)
             if handler is None:

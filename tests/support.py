@@ -31,6 +31,13 @@ OPERATOR_TOKEN = "test-operator-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 CLAIMS_TOKEN = "test-claims-token-0123456789abcdef-xyz"
 WEBHOOK_SECRET = "whsec_test_0123456789abcdef"
+# The providers' sources in the test routes file (`write_routes`): name -> (scheme, secret).
+PROVIDER_SECRETS = {
+    "acme": ("standard", "whsec_dGVzdCBrZXkgYnl0ZXMgZm9yIGFjbWUgaG9va3M="),
+    "stripe": ("stripe", "whsec_stripe_test_0123456789"),
+    "github": ("github", "github-test-secret-0123456789"),
+    "shopify": ("shopify", "shopify-test-secret-0123456789"),
+}
 
 
 def wait_until(condition: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1) -> Any:
@@ -292,10 +299,56 @@ backoff_base_seconds = 0.2
 backoff_cap_seconds = 0.5
 
 [[routes]]
+match = "payment.*"
+name = "payments"
+action = "noop"
+sources = ["signed"]
+
+[[routes]]
+match = "invoice.*"
+name = "acme-invoices"
+action = "http"
+url = "{downstream_url}/tasks"
+read_timeout_seconds = 1
+connect_timeout_seconds = 1
+sources = ["acme"]
+
+[[routes]]
+match = "payment_intent.*"
+name = "stripe-payments"
+action = "http"
+url = "{downstream_url}/tasks"
+read_timeout_seconds = 1
+connect_timeout_seconds = 1
+sources = ["stripe"]
+
+[[routes]]
+match = "issues"
+name = "github-issues"
+action = "http"
+url = "{downstream_url}/tasks"
+read_timeout_seconds = 1
+connect_timeout_seconds = 1
+sources = ["github"]
+
+[[routes]]
+match = "orders/*"
+name = "shopify-orders"
+action = "http"
+url = "{downstream_url}/tasks"
+read_timeout_seconds = 1
+connect_timeout_seconds = 1
+sources = ["shopify"]
+
+[[routes]]
 match = "*"
 name = "default"
 action = "noop"
-""",
+"""
+        + "".join(
+            f'\n[[sources]]\nname = "{name}"\nscheme = "{scheme}"\nsecrets = ["{secret}"]\n'
+            for name, (scheme, secret) in PROVIDER_SECRETS.items()
+        ),
         encoding="utf-8",
     )
     return path

@@ -17,9 +17,9 @@ def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(
     stack: Stack, tmp_path: Path
 ) -> None:
     """Hundreds of generated requests (valid and invalid) against every operation, including
-    the operator endpoints with the token: no 5xx, and every status code, content type and body
-    as the schema documents. The schema is the app's own (the stack serves none: API_DOCS is
-    off in production)."""
+    the operator endpoints with the token and the provider webhook endpoint: no 5xx, and every
+    status code, content type and body as the schema documents. The schema is the app's own
+    (the stack serves none: API_DOCS is off in production)."""
     app = create_app(
         Settings(database_url=stack.database_url, redis_url=stack.redis_url),
         load_routes(stack.routes_file),
@@ -63,3 +63,4 @@ def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(
     summary = run.stdout[-4000:]
     assert run.returncode == 0, summary
     assert " passed" in summary
+    assert "POST /v1/webhooks/{source}" in run.stdout, summary
