@@ -56,7 +56,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         engine: Engine = state["sync_engine"]
         return engine
 
-    metrics = ReceiverMetrics(sync_engine)
+    metrics = ReceiverMetrics(sync_engine, routes)
     source_secrets = _source_secrets(settings, routes)
 
     @asynccontextmanager

@@ -19,7 +19,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import Engine
 
-from outbox import deadletters, keys, queries, replay, stats
+from outbox import deadletters, keys, queries, replay, routestate, stats
 from outbox import operator_queries as oq
 from outbox.console import charts
 from outbox.console.auth import Gate, add_auth_routes
@@ -40,6 +40,7 @@ from outbox.settings import Settings
 log = get_logger(__name__)
 
 STUCK_AFTER_SECONDS = 300.0
+ROUTE_NOTICES = {"paused": "The route is paused.", "resumed": "The route is resumed."}
 
 
 def target(routes: RouteTable, label: str) -> dict[str, str]:
@@ -68,9 +69,10 @@ def lookup_key(engine: Engine, key: str) -> dict[str, Any] | None:
     return found
 
 
-def _overview(engine: Engine) -> dict[str, Any]:
+def _overview(engine: Engine, routes: RouteTable) -> dict[str, Any]:
     return {
         "stats": stats.collect(engine),
+        "routes": routestate.list_routes(engine, routes),
         "minutes": charts.per_minute(engine),
         "stuck": stats.stuck(engine, STUCK_AFTER_SECONDS, limit=10),
     }
@@ -90,7 +92,7 @@ def console_router(
         session = gate.page(request)
         if isinstance(session, Response):
             return session
-        data = await run_in_threadpool(_overview, engine())
+        data = await run_in_threadpool(_overview, engine(), routes)
         minutes: list[charts.Minute] = data["minutes"]
         totals = charts.totals(minutes)
         return render(
@@ -100,6 +102,8 @@ def console_router(
                 "title": "Overview",
                 "nav": "overview",
                 "stats": data["stats"],
+                "routes": data["routes"],
+                "notice": ROUTE_NOTICES.get(request.query_params.get("route_changed") or ""),
                 "stuck": data["stuck"],
                 "stuck_after": STUCK_AFTER_SECONDS,
                 "chart_wide": charts.render_svg(minutes, id_prefix="chart-wide"),
@@ -217,6 +221,35 @@ def console_router(
         )
 
     add_replay_routes(router, gate, routes, engine, replay.confirm_secret(settings))
+
+    @router.post("/routes/{name}/{action}")
+    async def pause_or_resume(request: Request, name: str, action: str) -> Response:
+        checked = await gate.post(request)
+        if isinstance(checked, Response):
+            return checked
+        session, form = checked
+        if action not in ("pause", "resume") or routes.by_label(name) is None:
+            return message_page(
+                request, 404, "Not found", "No configured route has this name.", session=session
+            )
+        if action == "pause":
+            reason = str(form.get("reason") or "").strip()
+            if not 1 <= len(reason) <= 500:
+                return message_page(
+                    request,
+                    422,
+                    "A reason is needed",
+                    "Say in 1 to 500 characters why the route is paused. Nothing changed.",
+                    session=session,
+                )
+            if await run_in_threadpool(routestate.pause, engine(), name, reason, OPERATOR):
+                log.info("route.paused", route=name, by=OPERATOR)
+        else:
+            queued = await run_in_threadpool(routestate.resume, engine(), name, OPERATOR)
+            if queued is not None:
+                log.info("route.resumed", route=name, by=OPERATOR, queued=queued)
+        done = "paused" if action == "pause" else "resumed"
+        return RedirectResponse(f"{base_path(request)}/?route_changed={done}", status_code=303)
 
     @router.get("/keys")
     async def key_lookup(request: Request) -> Response:
