@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import Engine
+from starlette.datastructures import FormData
 
 from outbox import deadletters, keys, queries, replay, routestate, stats
 from outbox import operator_queries as oq
@@ -32,6 +33,7 @@ from outbox.console.forms import (
 )
 from outbox.console.pages import PREFIX, ConsoleRoute, base_path, message_page, pretty, render
 from outbox.console.replays import OPERATOR, add_replay_routes
+from outbox.console.session import Session
 from outbox.logs import get_logger
 from outbox.redaction import mask_secrets
 from outbox.routes import RouteTable
@@ -76,6 +78,22 @@ def _overview(engine: Engine, routes: RouteTable) -> dict[str, Any]:
         "minutes": charts.per_minute(engine),
         "stuck": stats.stuck(engine, STUCK_AFTER_SECONDS, limit=10),
     }
+
+
+def _reason(form: FormData) -> str | None:
+    """A form's `reason`: 1 to 500 characters once trimmed, else None."""
+    reason = str(form.get("reason") or "").strip()
+    return reason if 1 <= len(reason) <= 500 else None
+
+
+def _reason_needed(request: Request, session: Session, why: str) -> Response:
+    return message_page(
+        request,
+        422,
+        "A reason is needed",
+        f"Say in 1 to 500 characters why {why}. Nothing changed.",
+        session=session,
+    )
 
 
 def console_router(
@@ -195,15 +213,9 @@ def console_router(
             return message_page(
                 request, 404, "Not found", "No dead letter has this id.", session=session
             )
-        reason = str(form.get("reason") or "").strip()
-        if not 1 <= len(reason) <= 500:
-            return message_page(
-                request,
-                422,
-                "A reason is needed",
-                "Say in 1 to 500 characters why this dead letter is discarded. Nothing changed.",
-                session=session,
-            )
+        reason = _reason(form)
+        if reason is None:
+            return _reason_needed(request, session, "this dead letter is discarded")
         done = await run_in_threadpool(
             deadletters.discard_dead_letter, engine(), number, reason, OPERATOR
         )
@@ -233,15 +245,9 @@ def console_router(
                 request, 404, "Not found", "No configured route has this name.", session=session
             )
         if action == "pause":
-            reason = str(form.get("reason") or "").strip()
-            if not 1 <= len(reason) <= 500:
-                return message_page(
-                    request,
-                    422,
-                    "A reason is needed",
-                    "Say in 1 to 500 characters why the route is paused. Nothing changed.",
-                    session=session,
-                )
+            reason = _reason(form)
+            if reason is None:
+                return _reason_needed(request, session, "the route is paused")
             if await run_in_threadpool(routestate.pause, engine(), name, reason, OPERATOR):
                 log.info("route.paused", route=name, by=OPERATOR)
         else:
