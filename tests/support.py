@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -124,6 +124,9 @@ class Downstream:
     # `lookup_failure(key, lookup_number)`: a status to answer a lookup with instead (a 503).
     lookup_failure: Callable[[str, int], int | None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Requests being handled right now (POSTs and lookups), and the most there ever were.
+    in_flight: int = 0
+    peak_in_flight: int = 0
 
     def reset(self) -> None:
         with self.lock:
@@ -133,6 +136,18 @@ class Downstream:
             self.lookups.clear()
             self.behaviour = None
             self.lookup_failure = None
+            self.peak_in_flight = self.in_flight
+
+    @contextlib.contextmanager
+    def _handling(self) -> Iterator[None]:
+        with self.lock:
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.in_flight -= 1
 
     @property
     def url(self) -> str:
@@ -165,6 +180,14 @@ class Downstream:
                 self.wfile.write(payload)
 
             def do_GET(self) -> None:
+                with downstream._handling():
+                    self._get()
+
+            def do_POST(self) -> None:
+                with downstream._handling():
+                    self._post()
+
+            def _get(self) -> None:
                 prefix = "/tasks/by-key/"
                 if not self.path.startswith(prefix):
                     self._answer(404, {}, {})
@@ -183,7 +206,7 @@ class Downstream:
                 else:
                     self._answer(200, {"id": ref}, {})
 
-            def do_POST(self) -> None:
+            def _post(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"null")
                 key = self.headers.get("idempotency-key", "")
