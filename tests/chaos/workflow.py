@@ -164,7 +164,7 @@ class Workflows(Scheduler):
         status, answer, headers = self._call(event, "claim", "", body)
         if status is None or status == 503:
             return Again(_retry_after(headers), "claim_unanswered")
-        state = answer.get("status") or answer.get("error")
+        state = _state(answer)
         if status in (200, 201, 409) or state == "idempotency_key_reused":
             self.known[event.index].set()
         if status == 200 and state == "already_succeeded":
@@ -323,7 +323,7 @@ class Workflows(Scheduler):
         while True:
             status, answer, headers = self._call(event, endpoint, f"/{endpoint}", body)
             if (status is not None and status != 503) or time.monotonic() > give_up:
-                return status, answer.get("status") or answer.get("error")
+                return status, _state(answer)
             time.sleep(_retry_after(headers))
 
     def _call(
@@ -349,7 +349,7 @@ class Workflows(Scheduler):
             answer = {}
         if not isinstance(answer, dict):
             answer = {}
-        call.answer = answer.get("status") or answer.get("error")
+        call.answer = _state(answer)
         call.uncertain = answer.get("uncertain")
         call.reclaimed = answer.get("reclaimed")
         return response.status_code, answer, response.headers
@@ -362,3 +362,10 @@ def _retry_after(source: httpx.Response | httpx.Headers) -> float:
         return max(0.2, float(headers.get("retry-after") or 1))
     except ValueError:
         return 1.0
+
+
+def _state(answer: dict[str, Any]) -> str | None:
+    """What an answer says: a problem's machine code (`error`; its `status` is the HTTP
+    code), else the claims API's `status`."""
+    value = answer.get("error") or answer.get("status")
+    return str(value) if value is not None else None
