@@ -15,7 +15,7 @@ from tests.chaos import plan
 from tests.chaos.client import Answer
 from tests.chaos.crm import GATEWAY, WORKFLOW
 from tests.chaos.plan import Delivery, PlannedEvent
-from tests.chaos.workflow import Ledger
+from tests.chaos.workflow import Call, Ledger
 from tests.support import libpq
 
 FINAL_STATUSES = ("succeeded", "failed_final", "quarantined")
@@ -157,6 +157,16 @@ class Violations:
         }
 
 
+def _slow_or_failed(v: Violations, what: str, request: Answer | Call) -> None:
+    """No request may fail without an HTTP answer or take longer than MAX_REQUEST_SECONDS."""
+    if request.status is None or request.elapsed > MAX_REQUEST_SECONDS:
+        v.add(
+            "request_too_slow_or_failed",
+            f"{what} at {request.started:.1f} s: {request.status or request.error}"
+            f" after {request.elapsed:.1f} s",
+        )
+
+
 def verify(
     events: list[PlannedEvent],
     deliveries: list[Delivery],
@@ -281,12 +291,7 @@ def verify(
                 )
         if answer.status == 503 and not answer.retry_after:
             v.add("503_without_retry_after", f"event {event.index} at {answer.started:.1f} s")
-        if answer.status is None or answer.elapsed > MAX_REQUEST_SECONDS:
-            v.add(
-                "request_too_slow_or_failed",
-                f"event {event.index} at {answer.started:.1f} s: {answer.status or answer.error}"
-                f" after {answer.elapsed:.1f} s",
-            )
+        _slow_or_failed(v, f"event {event.index}", answer)
 
     # 5. While PostgreSQL was down the receiver said so: 503 + Retry-After, quickly.
     during: list[Answer] = []
@@ -420,12 +425,7 @@ def verify_claims(
         calls_by[f"{call.endpoint} {label} {call.answer or ''}".strip()] += 1
         if call.status is not None and call.status >= 500 and call.status != 503:
             v.add("claims_5xx", f"event {call.event} {call.endpoint}: {call.status}")
-        if call.status is None or call.elapsed > MAX_REQUEST_SECONDS:
-            v.add(
-                "request_too_slow_or_failed",
-                f"claims event {call.event} {call.endpoint} at {call.started:.1f} s:"
-                f" {call.status or call.error} after {call.elapsed:.1f} s",
-            )
+        _slow_or_failed(v, f"claims event {call.event} {call.endpoint}", call)
 
     claimed = [c for c in ledger.calls if c.endpoint == "claim" and c.status == 201]
     return {
