@@ -1,8 +1,11 @@
 """`/v1/claims`: the key store for workflows that perform the side effect themselves.
 
 An n8n HTTP Request node claims the key, acts, then completes (or fails) with the lease token.
-The answers are made for an IF node: 201 claimed, 200 already_succeeded (use the stored result),
-409 in_progress (wait Retry-After) or lease_lost (stop: someone else holds the key now).
+The answers are made for an IF node: 201 claimed (`uncertain: true`: look the effect up before
+acting), 200 already_succeeded (use the stored result), 409 in_progress (wait Retry-After),
+lease_lost (stop: someone else holds the key now) or not_a_claim_key (an event's key, which the
+gateway's worker acts on). Every endpoint needs the CLAIMS_TOKEN bearer token; without one
+configured, only clients on this machine are served (`outbox.auth`).
 """
 
 # No `from __future__ import annotations`: FastAPI must resolve the models at definition time.
@@ -11,12 +14,12 @@ import uuid
 from collections.abc import Callable
 from typing import Annotated, Any, assert_never
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox import claims, keys
+from outbox import auth, claims, keys
 from outbox.logs import get_logger
 from outbox.problems import Problem, json_response, problem_responses
 from outbox.settings import Settings
@@ -66,6 +69,9 @@ class FailRequest(BaseModel):
     error_code: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:-]+$")
     retryable: bool
     detail: str = Field(default="", max_length=10_000)
+    # Whether the side effect may exist: `none` only when the workflow knows nothing was done
+    # (the downstream refused, or the request never left). Unknown makes the key uncertain.
+    effect: claims.Effect = "unknown"
 
 
 KeyPath = Annotated[str, Path(min_length=1, max_length=255)]
@@ -75,12 +81,19 @@ def claims_router(
     settings: Settings, engine: Callable[[], AsyncEngine], database: Callable[[Any], Any]
 ) -> APIRouter:
     """The claims endpoints; `database(awaitable)` maps an outage to a 503."""
+
+    def authorize(request: Request) -> None:
+        auth.require_token(request, settings.claims_token, realm="idem-claims")
+
     router = APIRouter(
         prefix="/v1/claims",
         tags=["claims"],
+        dependencies=[Depends(authorize)],
         responses={
-            409: json_response("in_progress (wait Retry-After), lease_lost, or finished"),
-            **problem_responses(400, 422, 503),
+            409: json_response(
+                "in_progress (wait Retry-After), lease_lost, finished, or not_a_claim_key"
+            ),
+            **problem_responses(400, 401, 422, 503),
         },
     )
     ttl_seconds = settings.claims_ttl_days * 86_400
@@ -109,6 +122,7 @@ def claims_router(
                 bound.info(
                     "claim.claimed",
                     reclaimed=outcome.reclaimed,
+                    uncertain=outcome.uncertain,
                     attempt=outcome.attempt,
                     transition="-> processing",
                 )
@@ -120,6 +134,7 @@ def claims_router(
                         "locked_until": outcome.locked_until.isoformat(),
                         "correlation_id": outcome.correlation_id,
                         "reclaimed": outcome.reclaimed,
+                        "uncertain": outcome.uncertain,
                         "attempt": outcome.attempt,
                         "previous_error_code": outcome.previous_error_code,
                     },
@@ -149,6 +164,13 @@ def claims_router(
                     422,
                     "idempotency_key_reused",
                     "This key was first claimed with a different payload.",
+                    key=body.key,
+                )
+            case claims.NotAClaimKey():
+                raise Problem(
+                    409,
+                    "not_a_claim_key",
+                    "This key was created by an event; the gateway's worker acts on it.",
                     key=body.key,
                 )
             case claims.Finished():
@@ -194,6 +216,7 @@ def claims_router(
                 error_code=body.error_code,
                 retryable=body.retryable,
                 detail=body.detail,
+                effect=body.effect,
             )
         )
         if not done:
@@ -203,6 +226,7 @@ def claims_router(
             "claim.failed",
             key=keys.mask_key(key),
             error_code=body.error_code,
+            effect=body.effect,
             transition=f"processing -> {status}",
         )
         return JSONResponse({"status": status, "key": key})

@@ -175,9 +175,9 @@ def dev(
         "sweeper": [sys.executable, "-m", "outbox.cli", "sweep"],
     }
     children = {name: subprocess.Popen(cmd, env=env) for name, cmd in commands.items()}
-    log.info(
-        "dev.started", url=f"http://{settings.host}:{settings.port}", processes=sorted(children)
-    )
+    url = f"http://{settings.host}:{settings.port}"
+    log.info("dev.started", url=url, processes=sorted(children))
+    _explain_claims_token(url, settings.claims_token)
     stop = threading.Event()
     _stop_on_signals(stop)
     exit_code = 0
@@ -196,6 +196,26 @@ def dev(
             server.cleanup()
         log.info("dev.stopped")
     raise typer.Exit(exit_code)
+
+
+def _explain_claims_token(url: str, token: str) -> None:
+    """Say how a workflow reaches the claims API of this gateway."""
+    example = (
+        f"curl -X POST {url}/v1/claims -H 'Authorization: Bearer $CLAIMS_TOKEN'"
+        """ -H 'Content-Type: application/json' -d '{"key": "crm:lead-42"}'"""
+    )
+    if token:
+        log.info(
+            "dev.claims_api", auth="CLAIMS_TOKEN is set: send it as a bearer token", example=example
+        )
+    else:
+        log.info(
+            "dev.claims_api",
+            auth="CLAIMS_TOKEN is unset: only clients on this machine are served",
+            enable="export CLAIMS_TOKEN=$(python -c 'import secrets;"
+            " print(secrets.token_urlsafe(32))') before `idem dev`, then",
+            example=example,
+        )
 
 
 @app.command()

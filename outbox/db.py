@@ -14,15 +14,14 @@ from outbox.settings import Settings
 UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57")
 
 
-def _connect_args(settings: Settings, statement_timeout: bool) -> dict[str, Any]:
-    args: dict[str, Any] = {
+def _connect_args(settings: Settings) -> dict[str, Any]:
+    return {
         # libpq wants whole seconds, at least 2.
         "connect_timeout": max(2, math.ceil(settings.db_timeout_seconds)),
         "application_name": "idem",
+        # No statement waits longer than a request may: a lock or a hung server is an error.
+        "options": f"-c statement_timeout={int(settings.db_timeout_seconds * 1000)}",
     }
-    if statement_timeout:
-        args["options"] = f"-c statement_timeout={int(settings.db_timeout_seconds * 1000)}"
-    return args
 
 
 def create_receiver_engine(settings: Settings) -> AsyncEngine:
@@ -40,7 +39,7 @@ def create_receiver_engine(settings: Settings) -> AsyncEngine:
         max_overflow=0,
         pool_timeout=settings.db_timeout_seconds,
         pool_recycle=3600,
-        connect_args=_connect_args(settings, statement_timeout=True),
+        connect_args=_connect_args(settings),
     )
 
 
@@ -48,6 +47,10 @@ def create_sync_engine(
     settings: Settings, *, pool_size: int = 2, pre_ping: bool = True, autocommit: bool = False
 ) -> Engine:
     """A small pool for a relay or a worker process (one statement at a time per thread).
+
+    Every statement is bounded by the statement timeout (DB_TIMEOUT_SECONDS): a hung renewal
+    must not block the process's only lease keeper past the lease it is meant to keep, and a
+    relay or sweeper must not wait on a lock forever.
 
     The worker's store turns both options around: every step it takes is one statement, atomic
     by itself, so its connections stay in autocommit (`begin()` then sends no BEGIN and no
@@ -62,5 +65,5 @@ def create_sync_engine(
         pool_timeout=30,
         pool_pre_ping=pre_ping,
         pool_recycle=3600,
-        connect_args=_connect_args(settings, statement_timeout=False),
+        connect_args=_connect_args(settings),
     )

@@ -87,30 +87,6 @@ LOCK_KEYS: TextClause = text(
     """
 )
 
-RESET_FOR_REPLAY: TextClause = text(
-    """
-    -- Back to pending with a fresh attempt budget. The fence goes up so the holder of an
-    -- expired lease can no longer write; the last error code stays, so the next claim knows
-    -- whether the outcome was uncertain and reconciles first.
-    UPDATE idempotency_keys
-       SET status = 'pending', attempts = 0, fence = fence + 1, lease_owner = NULL,
-           locked_until = NULL, next_attempt_at = NULL, first_failed_at = NULL,
-           error_code = CASE WHEN status = 'processing' THEN 'lease_expired' ELSE error_code END,
-           updated_at = now()
-     WHERE idempotency_key = ANY(:keys)
-    RETURNING idempotency_key, correlation_id
-    """
-)
-
-ENQUEUE_REPLAYED: TextClause = text(
-    """
-    -- Keys of the claims API are driven by their workflow, not by a worker: pending is enough.
-    INSERT INTO outbox (idempotency_key, task_name, correlation_id)
-    SELECT idempotency_key, :task_name, correlation_id
-      FROM idempotency_keys WHERE idempotency_key = ANY(:keys) AND route <> '(claims)'
-    """
-)
-
 MARK_DEAD_LETTERS_REPLAYED: TextClause = text(
     """
     UPDATE dead_letters
@@ -178,7 +154,10 @@ STUCK_KEYS: TextClause = text(
 COUNT_PURGEABLE: TextClause = text(
     """
     SELECT count(*) FROM idempotency_keys k
-     WHERE k.expires_at < now() AND k.status <> 'processing'
+     WHERE k.expires_at < now()
+           AND (k.status IN ('succeeded', 'failed_final', 'quarantined')
+                OR (k.actor = 'workflow'
+                    AND (k.status <> 'processing' OR k.locked_until < now())))
        AND NOT EXISTS (SELECT 1 FROM dead_letters d
                         WHERE d.idempotency_key = k.idempotency_key AND d.resolution = 'open')
     """
@@ -187,10 +166,15 @@ COUNT_PURGEABLE: TextClause = text(
 PURGE_EXPIRED_KEYS: TextClause = text(
     """
     -- Expired keys go with their event, outbox rows and resolved dead letters (cascade), a
-    -- bounded batch at a time. Never a key in processing, never one with an open dead letter.
+    -- bounded batch at a time: finished keys, and workflow keys nobody holds (their workflow
+    -- gave up). Never a worker key still on its way (the sweeper drives it to an end first),
+    -- never a held lease, never a key with an open dead letter.
     WITH doomed AS (
         SELECT k.idempotency_key FROM idempotency_keys k
-         WHERE k.expires_at < now() AND k.status <> 'processing'
+         WHERE k.expires_at < now()
+           AND (k.status IN ('succeeded', 'failed_final', 'quarantined')
+                OR (k.actor = 'workflow'
+                    AND (k.status <> 'processing' OR k.locked_until < now())))
            AND NOT EXISTS (SELECT 1 FROM dead_letters d
                             WHERE d.idempotency_key = k.idempotency_key
                               AND d.resolution = 'open')
@@ -211,7 +195,10 @@ COUNT_PRUNABLE_OUTBOX: TextClause = text(
        AND NOT EXISTS (
            SELECT 1 FROM idempotency_keys k
             WHERE k.idempotency_key = o.idempotency_key
-              AND k.expires_at < now() AND k.status <> 'processing'
+              AND k.expires_at < now()
+              AND (k.status IN ('succeeded', 'failed_final', 'quarantined')
+                   OR (k.actor = 'workflow'
+                       AND (k.status <> 'processing' OR k.locked_until < now())))
               AND NOT EXISTS (SELECT 1 FROM dead_letters d
                                WHERE d.idempotency_key = k.idempotency_key
                                  AND d.resolution = 'open'))

@@ -1,8 +1,10 @@
 """Forgetting on schedule: expired keys (with their events) and old published outbox rows.
 
 A key's TTL comes from its route (`ttl_days`, 30 by default) and is fixed at accept. Purging
-works in bounded batches, so a large backlog never holds long locks, and never removes a key
-that is being processed or has an open dead letter: an operator may still need it.
+works in bounded batches, so a large backlog never holds long locks. It removes finished keys
+and workflow keys that nobody holds (the workflow gave up on them); never a worker key still on
+its way to an end (pending, processing, waiting for a retry: removing it would lose the event),
+never a held lease, never a key with an open dead letter: an operator may still need it.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from sqlalchemy import Engine
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from outbox import contract, intake, keys, signatures
+from outbox import auth, contract, intake, keys, signatures
 from outbox.claims_api import claims_router
 from outbox.console import console_router
 from outbox.db import create_receiver_engine, create_sync_engine
@@ -64,6 +64,12 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         state["engine"] = create_receiver_engine(settings)
         # Operators, metrics and readiness use the synchronous stores in the thread pool.
         state["sync_engine"] = create_sync_engine(settings, pool_size=2)
+        if not settings.claims_token:
+            log.warning(
+                "receiver.claims_token_unset",
+                detail="the claims API and event look-ups serve clients on this machine only;"
+                " set CLAIMS_TOKEN to serve workflows elsewhere",
+            )
         try:
             yield
         finally:
@@ -259,9 +265,16 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
 
     app.ingest = post_event
 
-    @app.get("/v1/events/{key:path}", responses=problem_responses(404, 422, 503))
-    async def get_event(key: str) -> JSONResponse:
-        """The state of one key: status, attempts, result, external_ref, error_code, times."""
+    @app.get("/v1/events/{key:path}", responses=problem_responses(401, 404, 422, 503))
+    async def get_event(key: str, request: Request) -> JSONResponse:
+        """The state of one key: status, attempts, result, external_ref, error_code, times.
+
+        The stored result is the downstream's answer: only holders of the claims or operator
+        token (or, with neither configured, clients on this machine) may read it.
+        """
+        auth.require_token(
+            request, settings.claims_token, settings.operator_token, realm="idem-events"
+        )
         row = await database(intake.get_key(state["engine"], key))
         if row is None:
             raise Problem(404, "key_not_found", "No event is stored under this key.")
@@ -273,6 +286,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
                 "result": row["result"],
                 "external_ref": row["external_ref"],
                 "error_code": row["error_code"],
+                "uncertain": row["uncertain"],
                 "correlation_id": row["correlation_id"],
                 "source": row["source"],
                 "event_type": row["event_type"],

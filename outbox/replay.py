@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import Connection, Engine
 
-from outbox import keys
+from outbox import keys, lifecycle
 from outbox import operator_queries as q
 from outbox.intake import PROCESS_TASK
 from outbox.routes import RouteTable
@@ -154,8 +154,10 @@ def execute(
         if report.confirm != request.confirm:
             return Stale(report)
         if report.to_replay:
-            conn.execute(q.RESET_FOR_REPLAY, {"keys": report.to_replay})
-            conn.execute(q.ENQUEUE_REPLAYED, {"keys": report.to_replay, "task_name": PROCESS_TASK})
+            conn.execute(lifecycle.RESET_FOR_REPLAY, {"keys": report.to_replay})
+            conn.execute(
+                lifecycle.ENQUEUE_REPLAYED, {"keys": report.to_replay, "task_name": PROCESS_TASK}
+            )
             conn.execute(q.MARK_DEAD_LETTERS_REPLAYED, {"keys": report.to_replay, "by": by})
         replay_id = conn.execute(
             q.RECORD_REPLAY,

@@ -55,6 +55,12 @@ class Route(BaseModel):
     # Where the reference is in the reconcile answer; defaults to external_ref_pointer.
     reconcile_external_ref_pointer: str | None = None
 
+    # The hard limit of one attempt's action, whatever the action: past it the attempt is
+    # uncertain, its lease is given up and its late result is fenced out. Unset: three leases
+    # (LEASE_SECONDS x 3), long enough for any call the lease keeper renews for, short enough
+    # that a hung action frees its key within minutes.
+    timeout_seconds: float | None = Field(default=None, gt=0)
+
     # `python` action: "package.module:function".
     function: str | None = None
     # An exception the function did not raise on purpose: retried (a blip) or not (a bug).

@@ -80,6 +80,10 @@ class Settings(BaseSettings):
     # How far a signature's timestamp may be from now: bounds replays of a captured request.
     signature_tolerance_seconds: int = Field(default=300, ge=1)
 
+    # The claims API's bearer token (workflows send it; it also lets them read GET
+    # /v1/events/{key}). Unset: only clients on this machine are served.
+    claims_token: str = ""
+
     # The operator API's bearer token. Unset: the operator endpoints answer 503 (never open).
     operator_token: str = ""
     # Worker metrics (Prometheus) are served on this port by the worker's main process.

@@ -21,12 +21,14 @@ from urllib.parse import unquote
 
 import httpx
 import psycopg
+from sqlalchemy import make_url
 
 from outbox.embedded import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 OPERATOR_TOKEN = "test-operator-token"
 AUTH = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+CLAIMS_TOKEN = "test-claims-token-0123456789abcdef-xyz"
 WEBHOOK_SECRET = "whsec_test_0123456789abcdef"
 
 
@@ -92,6 +94,8 @@ class Reply:
     commit: bool | None = None  # None: commit exactly when the status is 2xx
     delay: float = 0.0
     drop: bool = False
+    # Fields added to the JSON answer.
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -109,6 +113,8 @@ class Downstream:
     requests: list[dict[str, Any]] = field(default_factory=list)
     lookups: list[str] = field(default_factory=list)
     behaviour: Callable[[str, int], Reply] | None = None
+    # `lookup_failure(key, lookup_number)`: a status to answer a lookup with instead (a 503).
+    lookup_failure: Callable[[str, int], int | None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
@@ -118,6 +124,7 @@ class Downstream:
             self.requests.clear()
             self.lookups.clear()
             self.behaviour = None
+            self.lookup_failure = None
 
     @property
     def url(self) -> str:
@@ -158,7 +165,12 @@ class Downstream:
                 with downstream.lock:
                     downstream.lookups.append(key)
                     ref = downstream.refs.get(key)
-                if ref is None:
+                    failing = downstream.lookup_failure
+                    number = downstream.lookups.count(key)
+                failure = failing(key, number) if failing else None
+                if failure is not None:
+                    self._answer(failure, {"error": "lookup failed"}, {})
+                elif ref is None:
                     self._answer(404, {"error": "not found"}, {})
                 else:
                     self._answer(200, {"id": ref}, {})
@@ -180,7 +192,7 @@ class Downstream:
                     behaviour = downstream.behaviour
                 reply = behaviour(key, seen + 1) if behaviour else Reply()
                 commit = (200 <= reply.status < 300) if reply.commit is None else reply.commit
-                answer: dict[str, Any] = {}
+                answer: dict[str, Any] = dict(reply.extra)
                 if commit:
                     answer["id"] = downstream._commit(key)
                 if reply.delay:
@@ -246,6 +258,29 @@ read_timeout_seconds = 1
 connect_timeout_seconds = 1
 
 [[routes]]
+match = "odd.result"
+name = "odd-result"
+action = "python"
+function = "tests.actions:effect_then_unstorable"
+
+[[routes]]
+match = "odd.crash"
+name = "odd-crash"
+action = "python"
+function = "tests.actions:effect_then_exit"
+max_attempts = 2
+
+[[routes]]
+match = "odd.hang"
+name = "odd-hang"
+action = "python"
+function = "tests.actions:effect_then_hang"
+timeout_seconds = 1.5
+max_attempts = 2
+backoff_base_seconds = 0.2
+backoff_cap_seconds = 0.5
+
+[[routes]]
 match = "*"
 name = "default"
 action = "noop"
@@ -279,6 +314,7 @@ class Stack:
             SWEEP_INTERVAL_SECONDS="0.5",
             SWEEP_GRACE_SECONDS="2",
             OPERATOR_TOKEN=OPERATOR_TOKEN,
+            CLAIMS_TOKEN=CLAIMS_TOKEN,
             WEBHOOK_SECRETS=f"signed={WEBHOOK_SECRET}",
             PYTHONPATH=str(ROOT),
         )
@@ -322,7 +358,10 @@ class Stack:
         return f"http://127.0.0.1:{self.port}"
 
     def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=15)
+        """A workflow's client: it sends the claims token (the operators' calls send theirs)."""
+        return httpx.Client(
+            base_url=self.url, timeout=15, headers={"Authorization": f"Bearer {CLAIMS_TOKEN}"}
+        )
 
     def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
         process = self.processes.pop(name)
@@ -427,3 +466,15 @@ class TcpProxy:
 
     def stop(self) -> None:
         self.cut()
+
+
+def proxied_database(database_url: str) -> tuple[TcpProxy, str]:
+    """A started TcpProxy in front of the test database, and the URL that goes through it."""
+    url = make_url(database_url)
+    socket_dir = url.query.get("host")
+    if isinstance(socket_dir, str):  # an embedded server listens on a Unix socket only
+        proxy = TcpProxy(unix_socket=f"{socket_dir}/.s.PGSQL.{url.port or 5432}").start()
+    else:
+        proxy = TcpProxy(url.port or 5432, url.host or "127.0.0.1").start()
+    proxied = url.set(host="127.0.0.1", port=proxy.port).difference_update_query(["host"])
+    return proxy, proxied.render_as_string(hide_password=False)

@@ -1,17 +1,31 @@
-"""One attempt at a key, top to bottom: claim → act → record, ending in one closed outcome.
+"""One attempt at a key, top to bottom: claim → (reconcile) → act → record, ending in one
+closed outcome.
 
 The broker may deliver a message twice, late, or after another worker already finished the key;
-the claim makes all of that harmless. Recording names the fence, so an attempt that lost its
-lease records nothing (`lease_lost`).
+the claim makes all of that harmless. Recording names the fence and the claim's token, so an
+attempt that lost its lease records nothing (`lease_lost`).
+
+Every path out of an attempt ends in a recorded outcome or in a lease given up:
+- the attempt is counted at the claim, so a process that dies mid-action (OOM, a segfault,
+  `os._exit`) still spends its budget; a claim past the budget is dead-lettered (`crash_loop`)
+  without acting;
+- the action runs in a thread of its own under the route's hard time limit; past it the attempt
+  records an uncertain `action_timeout`, which gives the lease up, and whatever the action
+  returns later is never recorded;
+- when the lease is lost, or cannot be proven (the database is unreachable), the attempt stops
+  waiting and records nothing; the next holder finds the key uncertain and looks first;
+- a success whose result cannot be stored is still a success (`worker.results`).
 """
 
 from __future__ import annotations
 
+import contextvars
 import os
 import random
 import socket
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import assert_never
 
 import structlog
@@ -24,15 +38,12 @@ from worker.backoff import next_delay
 from worker.errors import Failure, classify
 from worker.instruments import ACTION_SECONDS, ATTEMPTS, RECONCILED
 from worker.lease import Heartbeat
-from worker.store import Blocked, Claim, KeyStore
+from worker.store import Blocked, Claim, Failed, KeyStore
 
 log = get_logger(__name__)
 
-# Failures after the request may have reached the downstream: the effect may exist.
-# `lease_expired` marks a key an operator replayed out of `processing`.
-UNCERTAIN_ERROR_CODES = frozenset(
-    {"timeout_read", "timeout_write", "connection_dropped", "transport_error", "lease_expired"}
-)
+# An action's time limit when its route sets none, in leases (see Route.timeout_seconds).
+DEFAULT_TIMEOUT_LEASES = 3
 
 
 @dataclass(frozen=True)
@@ -44,15 +55,24 @@ class Succeeded:
 class RetryLater:
     failure: Failure
     delay: float
+    reconciled_absent: bool = False
 
 
 @dataclass(frozen=True)
 class DeadLetter:
     failure: Failure
     kind: str
+    reconciled_absent: bool = False
 
 
-Outcome = Succeeded | RetryLater | DeadLetter
+@dataclass(frozen=True)
+class LeaseGivenUp:
+    """The lease was lost or could not be proven: nothing may be recorded."""
+
+    reason: str
+
+
+Outcome = Succeeded | RetryLater | DeadLetter | LeaseGivenUp
 
 
 def run_attempt(
@@ -64,7 +84,9 @@ def run_attempt(
     rng: random.Random | None = None,
 ) -> str:
     """Process one delivery of `key`; returns what happened, for the task's log line."""
-    owner = f"{socket.gethostname()}:{os.getpid()}"
+    # For operators only (who held it); the claim's random token is what proves holding.
+    owner = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+    sent = time.monotonic()
     claim = store.claim(key, owner, lease_seconds)
     if isinstance(claim, Blocked):
         log.info(
@@ -72,6 +94,7 @@ def run_attempt(
             key=keys.mask_key(key),
             status=claim.status,
             lease_live=claim.lease_live,
+            actor=claim.actor,
         )
         ATTEMPTS.labels("blocked", "").inc()
         return "blocked"
@@ -82,21 +105,36 @@ def run_attempt(
         attempt=claim.attempt,
     )
     log.info(
-        "attempt.claimed", transition=f"{claim.previous_status} -> processing", fence=claim.fence
+        "attempt.claimed",
+        transition=f"{claim.previous_status} -> processing",
+        fence=claim.fence,
+        uncertain=claim.uncertain,
     )
     route = routes.by_label(claim.route) or routes.resolve(claim.event_type)
     started = time.monotonic()
+    outcome: Outcome
     if route is None:
-        outcome: Outcome = DeadLetter(
+        outcome = DeadLetter(
             Failure(False, "no_route", f"no route named {claim.route!r} is configured"),
             "permanent",
         )
+    elif claim.attempt > route.max_attempts:
+        outcome = DeadLetter(
+            Failure(
+                True,
+                "crash_loop",
+                f"attempt {claim.attempt} of at most {route.max_attempts}: the earlier ones "
+                "ended without an outcome (the process died or lost its lease)",
+            ),
+            "retries_exhausted",
+        )
     else:
-        outcome = _act(store, route, claim, lease_seconds, rng or random.Random())
-    recorded = _record(store, claim, outcome)
+        limit = route.timeout_seconds or lease_seconds * DEFAULT_TIMEOUT_LEASES
+        outcome = _act(store, route, claim, lease_seconds, limit, sent, rng or random.Random())
+    recorded = not isinstance(outcome, LeaseGivenUp) and _record(store, claim, outcome)
     elapsed = time.monotonic() - started
     result = _log_finished(outcome, recorded, round(elapsed * 1000, 1))
-    error_code = "" if isinstance(outcome, Succeeded) else outcome.failure.error_code
+    error_code = outcome.failure.error_code if isinstance(outcome, RetryLater | DeadLetter) else ""
     ATTEMPTS.labels(result, error_code).inc()
     ACTION_SECONDS.labels(claim.route).observe(elapsed)
     return result
@@ -109,6 +147,7 @@ def _log_finished(outcome: Outcome, recorded: bool, duration_ms: float) -> str:
             "attempt.finished",
             outcome="lease_lost",
             attempted=type(outcome).__name__,
+            reason=outcome.reason if isinstance(outcome, LeaseGivenUp) else "fenced_out",
             duration_ms=duration_ms,
         )
         return "lease_lost"
@@ -128,6 +167,7 @@ def _log_finished(outcome: Outcome, recorded: bool, duration_ms: float) -> str:
                 outcome="retry",
                 transition="processing -> failed_retryable",
                 error_code=outcome.failure.error_code,
+                uncertain=outcome.failure.uncertain,
                 retry_in=round(outcome.delay, 2),
                 duration_ms=duration_ms,
             )
@@ -143,19 +183,33 @@ def _log_finished(outcome: Outcome, recorded: bool, duration_ms: float) -> str:
                 duration_ms=duration_ms,
             )
             return "dead_letter"
+        case LeaseGivenUp():
+            raise AssertionError("a lease given up is never recorded")
         case _:
             assert_never(outcome)
 
 
-def is_uncertain(claim: Claim) -> bool:
-    """Whether an earlier attempt may have had its effect although it recorded none."""
-    return claim.previous_status == "processing" or (
-        claim.previous_error_code in UNCERTAIN_ERROR_CODES
-    )
+@dataclass
+class _Run:
+    """The action's thread and what it left: a result, an error, whether reconcile ran dry."""
+
+    done: threading.Event
+    # Set when the action ends and when the lease is given up: what the attempt waits on.
+    wake: threading.Event
+    result: ActionResult | None = None
+    error: BaseException | None = None
+    reconciled_absent: bool = False
+    thread: threading.Thread | None = field(default=None, repr=False)
 
 
 def _act(
-    store: KeyStore, route: Route, claim: Claim, lease_seconds: float, rng: random.Random
+    store: KeyStore,
+    route: Route,
+    claim: Claim,
+    lease_seconds: float,
+    limit: float,
+    since: float,
+    rng: random.Random,
 ) -> Outcome:
     broken = contract.violations(route, claim.payload)
     if broken:
@@ -169,24 +223,74 @@ def _act(
         external_id=claim.external_id,
         version=claim.version,
         payload=claim.payload,
-        uncertain=is_uncertain(claim),
+        uncertain=claim.uncertain,
     )
+    run = _Run(done=threading.Event(), wake=threading.Event())
+    with Heartbeat(store, claim, lease_seconds, ctx.cancelled, run.wake, since) as heartbeat:
+        _start(run, route, ctx)
+        deadline = time.monotonic() + limit
+        while not run.done.is_set():
+            # Wake when the action ends, the keeper gives the lease up, the time limit passes
+            # or our own view of the lease runs out (whichever comes first).
+            run.wake.wait(max(0.0, min(deadline, heartbeat.valid_until) - time.monotonic()))
+            if run.done.is_set():
+                break
+            if heartbeat.lost:
+                # Stop waiting; the action may still finish, but its result is never recorded.
+                return LeaseGivenUp("lease_lost")
+            if time.monotonic() >= deadline:
+                ctx.cancelled.set()
+                failure = Failure(
+                    True,
+                    "action_timeout",
+                    f"the action ran past its {limit:g} s limit; its late result is ignored",
+                    None,
+                    True,
+                )
+                return _after_failure(route, claim, failure, run.reconciled_absent, rng)
+            if time.monotonic() >= heartbeat.valid_until:
+                heartbeat.give_up("lease_expired_unconfirmed")
+    # The action ended: record what it did under the fence, which refuses a lost lease's write.
+    if run.result is not None:
+        return Succeeded(run.result)
+    assert run.error is not None
+    return _after_failure(route, claim, classify(run.error), run.reconciled_absent, rng)
+
+
+def _start(run: _Run, route: Route, ctx: ActionContext) -> None:
+    """Reconcile (when uncertain) then act, in a thread of its own with the task's context."""
     reconciler = get_reconciler(route) if ctx.uncertain else None
-    try:
-        with Heartbeat(store, claim.key, claim.fence, lease_seconds, ctx.cancelled):
+
+    def work() -> None:
+        try:
             if reconciler is not None:
                 found = reconciler(route, ctx)
                 RECONCILED.labels("true" if found is not None else "false").inc()
                 log.info("attempt.reconciled", found=found is not None)
                 if found is not None:
-                    return Succeeded(found)
-            return Succeeded(get_action(route)(route, ctx))
-    except Exception as error:
-        failure = classify(error)
+                    run.result = found
+                    return
+                run.reconciled_absent = True
+            run.result = get_action(route)(route, ctx)
+        except BaseException as error:  # everything ends in an outcome
+            run.error = error
+        finally:
+            run.done.set()
+            run.wake.set()
+
+    context = contextvars.copy_context()
+    run.thread = threading.Thread(target=context.run, args=(work,), name="action", daemon=True)
+    run.thread.start()
+
+
+def _after_failure(
+    route: Route, claim: Claim, failure: Failure, reconciled_absent: bool, rng: random.Random
+) -> Outcome:
+    """Retry later within the budget and deadline, or dead-letter."""
     if not failure.transient:
-        return DeadLetter(failure, "permanent")
+        return DeadLetter(failure, "permanent", reconciled_absent)
     if claim.attempt >= route.max_attempts:
-        return DeadLetter(failure, "retries_exhausted")
+        return DeadLetter(failure, "retries_exhausted", reconciled_absent)
     delay = next_delay(
         claim.attempt,
         failure.retry_after,
@@ -199,21 +303,23 @@ def _act(
     budget_started = claim.first_failed_at or claim.claimed_at
     spent = (claim.claimed_at - budget_started).total_seconds()
     if spent + delay > route.retry_deadline_seconds:
-        return DeadLetter(failure, "retries_exhausted")
-    return RetryLater(failure, delay)
+        return DeadLetter(failure, "retries_exhausted", reconciled_absent)
+    return RetryLater(failure, delay, reconciled_absent)
+
+
+def _failed(failure: Failure, reconciled_absent: bool) -> Failed:
+    return Failed(failure.error_code, failure.detail, failure.uncertain, reconciled_absent)
 
 
 def _record(store: KeyStore, claim: Claim, outcome: Outcome) -> bool:
     match outcome:
         case Succeeded(result):
-            return store.succeed(claim.key, claim.fence, result.result, result.external_ref)
-        case RetryLater(failure, delay):
-            return store.schedule_retry(
-                claim.key, claim.fence, delay, failure.error_code, failure.detail
-            )
-        case DeadLetter(failure, kind):
-            return store.fail_final(
-                claim.key, claim.fence, kind, failure.error_code, failure.detail
-            )
+            return store.succeed(claim, result.result, result.external_ref)
+        case RetryLater(failure, delay, absent):
+            return store.schedule_retry(claim, delay, _failed(failure, absent))
+        case DeadLetter(failure, kind, absent):
+            return store.fail_final(claim, kind, _failed(failure, absent))
+        case LeaseGivenUp():
+            return False
         case _:
             assert_never(outcome)

@@ -11,6 +11,21 @@
 
 `classify` is the one boundary where foreign errors become a `Failure`; task code never looks
 at a status code or an exception type.
+
+Each failure also says whether the effect may exist (`uncertain`): the request may have reached
+the downstream and done its work although no success came back. Uncertain:
+
+    timeout_read, timeout_write        the request was (being) sent; the answer never came
+    connection_dropped, transport_error the connection broke after it was open
+    http_500, http_502, http_504       a server or proxy may answer so after the work was done
+    other 5xx except 503               unknown server errors, treated like 500
+    action_timeout                     the action ran past its route's time limit
+    python_exception, unexpected_error an exception we did not expect, after who knows what
+    TransientError(uncertain=True)     an action's own word
+
+Not uncertain (the downstream did not act): timeout_connect, connect_refused, timeout_pool,
+http_408, http_425, http_429, http_503, and an action's TransientError by default. A lost or
+expired lease makes the key uncertain at the next claim (`outbox.lifecycle.CLAIM_KEY`).
 """
 
 from __future__ import annotations
@@ -23,24 +38,33 @@ from datetime import UTC, datetime
 import httpx
 
 TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+# Answers that refuse the request before any work: the downstream says it did nothing.
+REFUSED_STATUS = frozenset({408, 425, 429, 503})
 
 
 class ActionError(Exception):
     """Base of the errors an action raises on purpose."""
 
-    def __init__(self, error_code: str, detail: str = "") -> None:
+    def __init__(self, error_code: str, detail: str = "", *, uncertain: bool = False) -> None:
         super().__init__(detail or error_code)
         self.error_code = error_code
         self.detail = detail
+        # The effect may exist although the action failed (see the table above).
+        self.uncertain = uncertain
 
 
 class TransientError(ActionError):
     """Worth another attempt; `retry_after` (seconds) is the earliest the downstream wants one."""
 
     def __init__(
-        self, error_code: str = "transient", detail: str = "", *, retry_after: float | None = None
+        self,
+        error_code: str = "transient",
+        detail: str = "",
+        *,
+        retry_after: float | None = None,
+        uncertain: bool = False,
     ) -> None:
-        super().__init__(error_code, detail)
+        super().__init__(error_code, detail, uncertain=uncertain)
         self.retry_after = retry_after
 
 
@@ -56,35 +80,39 @@ class Failure:
     error_code: str
     detail: str
     retry_after: float | None = None
+    # The effect may have happened although the attempt failed.
+    uncertain: bool = False
 
 
 def classify(error: BaseException) -> Failure:
     """Turn any exception from an action into a Failure."""
     match error:
         case TransientError():
-            return Failure(True, error.error_code, error.detail, error.retry_after)
+            return Failure(True, error.error_code, error.detail, error.retry_after, error.uncertain)
         case PermanentError():
-            return Failure(False, error.error_code, error.detail)
+            return Failure(False, error.error_code, error.detail, None, error.uncertain)
         case httpx.ConnectTimeout():
             return Failure(True, "timeout_connect", "connecting timed out")
         case httpx.ReadTimeout():
-            return Failure(True, "timeout_read", "no answer within the read timeout")
+            return Failure(True, "timeout_read", "no answer within the read timeout", None, True)
         case httpx.WriteTimeout():
-            return Failure(True, "timeout_write", "sending the request timed out")
+            return Failure(True, "timeout_write", "sending the request timed out", None, True)
         case httpx.PoolTimeout():
             return Failure(True, "timeout_pool", "no free connection in the client pool")
         case httpx.ConnectError():
             return Failure(True, "connect_refused", "could not connect")
         case httpx.RemoteProtocolError() | httpx.ReadError():
-            return Failure(True, "connection_dropped", "the connection closed mid-response")
+            return Failure(
+                True, "connection_dropped", "the connection closed mid-response", None, True
+            )
         # Before TransportError, of which UnsupportedProtocol is a subclass: a URL that can
         # never work is not worth a retry.
         case httpx.InvalidURL() | httpx.UnsupportedProtocol():
             return Failure(False, "configuration", "the route's URL is invalid")
         case httpx.TransportError():
-            return Failure(True, "transport_error", type(error).__name__)
+            return Failure(True, "transport_error", type(error).__name__, None, True)
         case _:
-            return Failure(True, "unexpected_error", type(error).__name__)
+            return Failure(True, "unexpected_error", type(error).__name__, None, True)
 
 
 def error_for_response(
@@ -97,7 +125,12 @@ def error_for_response(
     code = f"http_{status}"
     if status in TRANSIENT_STATUS or status >= 500:
         retry_after = parse_retry_after(response.headers.get("retry-after"), now())
-        return TransientError(code, f"downstream answered {status}", retry_after=retry_after)
+        return TransientError(
+            code,
+            f"downstream answered {status}",
+            retry_after=retry_after,
+            uncertain=status not in REFUSED_STATUS,
+        )
     return PermanentError(code, f"downstream answered {status}")
 
 

@@ -1,11 +1,14 @@
 """Keeping the lease while an action runs.
 
 Trust window: a claim gives `lease_seconds` from the database clock. The heartbeat renews at a
-third of that, each renewal conditional on the fence, so two missed beats still leave time. If a
-renewal matches no row, another worker has claimed the key with a newer fence: the heartbeat
-sets the context's `cancelled` flag and the late result write will be rejected anyway. If the
-database cannot be reached, the worker fences itself: once its own monotonic clock says the
-lease may have run out, it sets `cancelled` too, because it can no longer prove it holds the key.
+third of that, each renewal conditional on the fence and the claim's token, so two missed beats
+still leave time. If a renewal matches no row, another holder has claimed the key with a newer
+fence: the heartbeat sets the context's `cancelled` flag, wakes the attempt, and the late result
+write would be rejected anyway. If the database cannot be reached, the worker fences itself:
+`GIVE_UP_MARGIN` of a lease BEFORE its own monotonic clock says the lease may have run out, it
+gives the attempt up too, so that in practice a late write never races a new holder (and in
+theory the fence stops it). The clock starts when the renewal was sent, which is no later than
+the database's `now()` that set the lease.
 
 One keeper thread per process renews every lease the process holds. Most actions finish long
 before their first renewal is due, so holding a lease costs a set insertion, not a thread
@@ -21,9 +24,13 @@ import time
 from types import TracebackType
 
 from outbox.logs import get_logger
-from worker.store import KeyStore
+from worker.store import Claim, KeyStore
 
 log = get_logger(__name__)
+
+# How long before our own view of the lease's end the worker stops trusting it: a fifth of a
+# lease (6 s of the default 30) covers a statement in flight and clock-rate drift.
+GIVE_UP_MARGIN = 0.2
 
 
 class Heartbeat:
@@ -32,20 +39,31 @@ class Heartbeat:
     def __init__(
         self,
         store: KeyStore,
-        key: str,
-        fence: int,
+        claim: Claim,
         lease_seconds: float,
         cancelled: threading.Event,
+        wake: threading.Event | None = None,
+        since: float | None = None,
     ) -> None:
         self.store = store
-        self.key = key
-        self.fence = fence
+        self.claim = claim
         self.lease = lease_seconds
         self.cancelled = cancelled
+        # Set with `cancelled`, so the attempt waiting on its action stops waiting.
+        self.wake = wake
         self.lost = False
-        # Our own view of the lease's end, on a clock no other machine can skew.
-        self.valid_until = time.monotonic() + lease_seconds
-        self.due = time.monotonic() + lease_seconds / 3
+        # Our own view of when to stop trusting the lease, on a clock no other machine skews,
+        # counted from `since` (when the claim was sent: no later than the database's now()).
+        start = time.monotonic() if since is None else since
+        self.valid_until = start + self._trusted()
+        self.due = start + lease_seconds / 3
+
+    def _trusted(self) -> float:
+        return self.lease * (1 - GIVE_UP_MARGIN)
+
+    def give_up(self, reason: str) -> None:
+        """Stop holding (the lease can no longer be proven): sets `cancelled` and `wake`."""
+        _keeper().give_up(self, reason)
 
     def __enter__(self) -> Heartbeat:
         _keeper().hold(self)
@@ -105,21 +123,22 @@ class LeaseKeeper:
     def _renew(self, heartbeat: Heartbeat) -> None:
         started = time.monotonic()
         try:
-            renewed = heartbeat.store.renew(heartbeat.key, heartbeat.fence, heartbeat.lease)
+            renewed = heartbeat.store.renew(heartbeat.claim, heartbeat.lease)
         except Exception as error:
             log.warning("lease.renew_failed", error=type(error).__name__)
             if time.monotonic() >= heartbeat.valid_until:
-                self._give_up(heartbeat, "lease_expired_unconfirmed")
+                self.give_up(heartbeat, "lease_expired_unconfirmed")
             else:
-                heartbeat.due = time.monotonic() + heartbeat.lease / 3
+                # Try again in time to know before the lease stops being trusted.
+                heartbeat.due = min(time.monotonic() + heartbeat.lease / 3, heartbeat.valid_until)
             return
         if renewed is None:
-            self._give_up(heartbeat, "lease_lost")
+            self.give_up(heartbeat, "lease_lost")
             return
-        heartbeat.valid_until = started + heartbeat.lease
+        heartbeat.valid_until = started + heartbeat._trusted()
         heartbeat.due = started + heartbeat.lease / 3
 
-    def _give_up(self, heartbeat: Heartbeat, reason: str) -> None:
+    def give_up(self, heartbeat: Heartbeat, reason: str) -> None:
         with self._lock:
             if heartbeat not in self._held:
                 # The attempt ended while the renewal was on its way: its own write decided.
@@ -127,7 +146,9 @@ class LeaseKeeper:
             self._held.discard(heartbeat)
         heartbeat.lost = True
         heartbeat.cancelled.set()
-        log.warning("lease.lost", reason=reason, fence=heartbeat.fence)
+        if heartbeat.wake is not None:
+            heartbeat.wake.set()
+        log.warning("lease.lost", reason=reason, fence=heartbeat.claim.fence)
 
 
 _process_keeper: LeaseKeeper | None = None

@@ -1,9 +1,10 @@
 """The worker's side of the key store: claim, renew, and finish under the fence.
 
-Each step is ONE statement from `outbox.queries`, atomic by itself, sent in autocommit: no
+Each step is ONE statement from `outbox.lifecycle`, atomic by itself, sent in autocommit: no
 transaction is ever open across an external call, and a step costs one round trip instead of
 four (pre-ping, BEGIN, statement, COMMIT). Every write after the claim names the fence and
-reports whether a row matched; a holder whose lease was taken over changes nothing.
+the claim's random lease token and reports whether a row matched; a holder whose lease was
+taken over changes nothing.
 
 A statement that meets a connection the server has dropped (PostgreSQL restarted, an idle
 connection cut) is sent once more on a fresh one. That is safe for every step: a repeated claim
@@ -19,12 +20,13 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, RowMapping, TextClause
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DataError, DBAPIError
 
-from outbox import queries
+from outbox import lifecycle
 from outbox.intake import PROCESS_TASK
 from outbox.logs import get_logger
 from outbox.redaction import redact
+from worker.results import storable_ref, storable_result, without_nul
 
 # Error details are for people reading a dead letter, not a place to keep response bodies.
 MAX_DETAIL_CHARS = 2048
@@ -38,6 +40,7 @@ class Claim:
 
     key: str
     fence: int
+    token: str
     attempt: int
     correlation_id: str
     route: str
@@ -51,14 +54,29 @@ class Claim:
     first_failed_at: datetime | None
     previous_status: str
     previous_error_code: str | None
+    # An earlier attempt may have had its effect: look before acting.
+    uncertain: bool
 
 
 @dataclass(frozen=True)
 class Blocked:
-    """A delivery that found the key finished, held, or not yet due."""
+    """A delivery that found the key finished, held, not yet due, or a workflow's."""
 
     status: str | None
     lease_live: bool
+    actor: str | None = None
+
+
+@dataclass(frozen=True)
+class Failed:
+    """What a failed attempt records: the error and what it says about the effect."""
+
+    error_code: str
+    detail: str
+    # This attempt's outcome leaves the effect unknown (it may have happened).
+    uncertain: bool
+    # This attempt's reconcile asked the downstream and found no effect.
+    reconciled_absent: bool
 
 
 class KeyStore:
@@ -80,14 +98,27 @@ class KeyStore:
         raise AssertionError("unreachable")
 
     def claim(self, key: str, owner: str, lease_seconds: float) -> Claim | Blocked:
-        """Take the key with a fresh lease and fence, or say why not (counted as blocked)."""
+        """Take the key with a fresh lease, fence and token, or say why not (counted).
+
+        `owner` (host and process) is stored for operators only; the token proves holding.
+        """
+        token = lifecycle.new_lease_token()
         row = self._one(
-            queries.CLAIM_KEY, {"key": key, "owner": owner, "lease_seconds": lease_seconds}
+            lifecycle.CLAIM_KEY,
+            {
+                "key": key,
+                "actor": lifecycle.Actor.WORKER.value,
+                "payload_hash": None,
+                "token": token,
+                "owner": owner,
+                "lease_seconds": lease_seconds,
+            },
         )
         if row is not None:
             return Claim(
                 key=key,
                 fence=row["fence"],
+                token=token,
                 attempt=row["attempts"],
                 correlation_id=row["correlation_id"],
                 route=row["route"],
@@ -101,61 +132,86 @@ class KeyStore:
                 first_failed_at=row["first_failed_at"],
                 previous_status=row["previous_status"],
                 previous_error_code=row["previous_error_code"],
+                uncertain=row["uncertain"],
             )
-        blocked = self._one(queries.RECORD_BLOCKED_DELIVERY, {"key": key})
-        if blocked is None:
+        state = self._one(lifecycle.KEY_STATE, {"key": key, "payload_hash": None})
+        if state is None:
             return Blocked(status=None, lease_live=False)
-        return Blocked(status=blocked["status"], lease_live=bool(blocked["lease_live"]))
+        return Blocked(
+            status=state["status"], lease_live=bool(state["lease_live"]), actor=state["actor"]
+        )
 
-    def renew(self, key: str, fence: int, lease_seconds: float) -> datetime | None:
+    def renew(self, claim: Claim, lease_seconds: float) -> datetime | None:
         """Extend the lease; None means it is lost (another holder has a newer fence)."""
         row = self._one(
-            queries.RENEW_LEASE, {"key": key, "fence": fence, "lease_seconds": lease_seconds}
+            lifecycle.RENEW_LEASE,
+            {
+                "key": claim.key,
+                "fence": claim.fence,
+                "token": claim.token,
+                "lease_seconds": lease_seconds,
+            },
         )
         return None if row is None else row["locked_until"]
 
-    def succeed(self, key: str, fence: int, result: Any, external_ref: str | None) -> bool:
-        """Record the result; False when the fence rejected the write."""
-        row = self._one(
-            queries.FINISH_SUCCEEDED,
-            {
-                "key": key,
-                "fence": fence,
-                "result": json.dumps(result, ensure_ascii=False, allow_nan=False),
-                "external_ref": external_ref,
-            },
-        )
+    def succeed(self, claim: Claim, result: Any, external_ref: str | None) -> bool:
+        """Record the effect; False when the fence rejected the write.
+
+        The effect happened, so the key ends `succeeded` whatever the result is: a value
+        that is not JSON, too large, or refused by the database is replaced by what could be
+        kept and a note saying why, and never makes the action run again.
+        """
+        params = {
+            "key": claim.key,
+            "fence": claim.fence,
+            "token": claim.token,
+            "result": storable_result(result),
+            "external_ref": storable_ref(external_ref),
+        }
+        try:
+            row = self._one(lifecycle.SUCCEED, params)
+        except DataError as error:
+            log.warning("attempt.result_unstorable", error=type(error.orig).__name__)
+            params["result"] = json.dumps(
+                {"result_dropped": f"the database refused it ({type(error.orig).__name__})"}
+            )
+            params["external_ref"] = None
+            row = self._one(lifecycle.SUCCEED, params)
         return row is not None
 
-    def schedule_retry(
-        self, key: str, fence: int, delay_seconds: float, error_code: str, detail: str
-    ) -> bool:
+    def schedule_retry(self, claim: Claim, delay_seconds: float, failed: Failed) -> bool:
         """Mark failed_retryable and queue the next attempt in the outbox, atomically."""
         row = self._one(
-            queries.SCHEDULE_RETRY,
+            lifecycle.SCHEDULE_RETRY,
             {
-                "key": key,
-                "fence": fence,
+                **self._failure_params(claim, failed),
                 "delay_seconds": delay_seconds,
-                "error_code": error_code,
-                "error_detail": redact(detail)[:MAX_DETAIL_CHARS],
                 "task_name": PROCESS_TASK,
             },
         )
         return row is not None
 
-    def fail_final(self, key: str, fence: int, kind: str, error_code: str, detail: str) -> bool:
+    def fail_final(self, claim: Claim, kind: str, failed: Failed) -> bool:
         """Mark failed_final (quarantined for a contract failure) and write the dead letter,
         atomically."""
         row = self._one(
-            queries.FAIL_FINAL,
+            lifecycle.FAIL_FINAL,
             {
-                "key": key,
-                "fence": fence,
+                **self._failure_params(claim, failed),
                 "kind": kind,
                 "final_status": "quarantined" if kind == "quarantined" else "failed_final",
-                "error_code": error_code,
-                "error_detail": redact(detail)[:MAX_DETAIL_CHARS],
             },
         )
         return row is not None
+
+    @staticmethod
+    def _failure_params(claim: Claim, failed: Failed) -> dict[str, Any]:
+        return {
+            "key": claim.key,
+            "fence": claim.fence,
+            "token": claim.token,
+            "error_code": failed.error_code,
+            "error_detail": without_nul(redact(failed.detail))[:MAX_DETAIL_CHARS],
+            "uncertain": failed.uncertain,
+            "reconciled_absent": failed.reconciled_absent,
+        }

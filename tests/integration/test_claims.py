@@ -151,13 +151,18 @@ def test_fail_retryable_frees_the_key_and_fail_final_writes_a_dead_letter(stack:
     assert after.status_code == 409 and after.json()["status"] == "failed_final"
 
 
-def test_claims_and_events_share_one_key_store(stack: Stack) -> None:
-    """A key finished through the event path is already_succeeded for a claim."""
+def test_an_event_key_is_not_a_claim_key(stack: Stack) -> None:
+    """A key created by an event belongs to the gateway's worker: a claim of it, finished or
+    still pending, answers 409 not_a_claim_key and changes nothing."""
     with stack.client() as client:
         key = client.post("/v1/events", json=envelope("shared-1", "noop.thing")).json()["key"]
         wait_until(lambda: client.get(f"/v1/events/{key}").json()["status"] == "succeeded")
+    before = query(stack.database_url, "SELECT status, fence, attempts FROM idempotency_keys")
     answer = _claim(stack, key)
-    assert answer.status_code == 200 and answer.json()["status"] == "already_succeeded"
+    assert answer.status_code == 409 and answer.json()["error"] == "not_a_claim_key"
+    assert (
+        query(stack.database_url, "SELECT status, fence, attempts FROM idempotency_keys") == before
+    )
 
 
 def test_bad_claim_requests_are_4xx(stack: Stack) -> None:

@@ -3,6 +3,7 @@ broker and start-up timing checks, on real PostgreSQL, Redis and gateway process
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ from typing import Any
 
 import redis as redis_client
 
+from outbox import lifecycle
 from outbox.db import create_sync_engine
 from outbox.embedded import start_redis
 from outbox.settings import Settings
@@ -24,7 +26,7 @@ from tests.support import (
     seed_pending_key,
     wait_until,
 )
-from worker.store import Blocked, Claim, KeyStore
+from worker.store import Blocked, Claim, Failed, KeyStore
 
 FINAL_STATUSES = ("succeeded", "failed_final", "quarantined")
 
@@ -132,9 +134,14 @@ def test_spent_budget_ends_in_retries_exhausted(stack: Stack, downstream: Downst
 # --- fencing ----------------------------------------------------------------------------------
 
 
+RETRY_503 = Failed("http_503", "downstream answered 503", uncertain=False, reconciled_absent=False)
+FINAL_422 = Failed("http_422", "downstream answered 422", uncertain=False, reconciled_absent=False)
+
+
 def test_stale_holder_cannot_write_after_its_lease_was_taken_over(own_database: str) -> None:
     """Once a key is reclaimed with a newer fence, every write of the old holder (succeed,
-    renew, retry, dead letter) matches nothing and changes nothing; the new holder's do."""
+    renew, retry, dead letter) matches nothing and changes nothing, and so does a write with the
+    current fence but another token; the new holder's writes land."""
     db = own_database
     key = seed_pending_key(db, "fenced")
     engine = create_sync_engine(Settings(database_url=db, redis_url="redis://x"))
@@ -165,27 +172,30 @@ def test_stale_holder_cannot_write_after_its_lease_was_taken_over(own_database: 
         assert (fresh.fence, fresh.attempt, fresh.previous_status) == (2, 2, "processing")
         # While the new lease is live, another delivery is refused.
         blocked = store.claim(key, "third-worker", 5)
-        assert blocked == Blocked(status="processing", lease_live=True)
+        assert blocked == Blocked(status="processing", lease_live=True, actor="worker")
 
         before = row()
         assert before[:4] == ("processing", 2, 2, "fresh-worker")
         assert before[8] == 1  # reclaimed_count
 
-        assert store.succeed(key, 1, {"status_code": 201}, "ref-stale") is False
-        assert store.renew(key, 1, 5) is None
-        assert store.schedule_retry(key, 1, 0.1, "http_503", "downstream answered 503") is False
-        assert store.fail_final(key, 1, "permanent", "http_422", "downstream answered 422") is False
+        # The current fence with another token (a guessed or leaked number) is refused too.
+        forged = dataclasses.replace(fresh, token=lifecycle.new_lease_token())
+        for holder in (stale, forged):
+            assert store.succeed(holder, {"status_code": 201}, "ref-stale") is False
+            assert store.renew(holder, 5) is None
+            assert store.schedule_retry(holder, 0.1, RETRY_503) is False
+            assert store.fail_final(holder, "permanent", FINAL_422) is False
         assert row() == before
         assert query(db, "SELECT count(*) FROM outbox") == [(0,)]
         assert query(db, "SELECT count(*) FROM dead_letters") == [(0,)]
 
-        assert store.succeed(key, 2, {"status_code": 201}, "ref-fresh") is True
+        assert store.succeed(fresh, {"status_code": 201}, "ref-fresh") is True
         after = row()
         assert after[0] == "succeeded" and after[1] == 2 and after[2] == 2
         assert after[5] == {"status_code": 201} and after[6] == "ref-fresh"
         assert after[3] is None and after[4] is None
         # A finished key takes no further write, even with the current fence.
-        assert store.succeed(key, 2, {"status_code": 500}, "ref-late") is False
+        assert store.succeed(fresh, {"status_code": 500}, "ref-late") is False
         assert row() == after
     finally:
         engine.dispose()

@@ -12,10 +12,17 @@ from pathlib import Path
 
 import httpx
 import redis as redis_client
-from sqlalchemy import make_url
 
 from outbox.embedded import free_port, start_redis
-from tests.support import AUTH, Downstream, Stack, TcpProxy, envelope, query, wait_until
+from tests.support import (
+    AUTH,
+    Downstream,
+    Stack,
+    envelope,
+    proxied_database,
+    query,
+    wait_until,
+)
 
 
 def _succeeded(database_url: str) -> int:
@@ -112,15 +119,7 @@ def test_database_unreachable_gives_503_with_retry_after_then_recovers(
 ) -> None:
     """With the database cut off, the receiver answers 503 + Retry-After quickly and stores
     nothing; when the database is reachable again it accepts without a restart."""
-    db = own_database
-    url = make_url(db)
-    socket_dir = url.query.get("host")
-    if isinstance(socket_dir, str):  # an embedded server listens on a Unix socket only
-        proxy = TcpProxy(unix_socket=f"{socket_dir}/.s.PGSQL.{url.port or 5432}").start()
-    else:
-        proxy = TcpProxy(url.port or 5432, url.host or "127.0.0.1").start()
-    proxied = url.set(host="127.0.0.1", port=proxy.port).difference_update_query(["host"])
-    proxied_url = proxied.render_as_string(hide_password=False)
+    proxy, proxied_url = proxied_database(own_database)
     stack = Stack(proxied_url, redis_url, routes_file, tmp_path)
     stack.start_receiver()
     try:
@@ -156,5 +155,5 @@ def test_database_unreachable_gives_503_with_retry_after_then_recovers(
     finally:
         stack.stop_all()
         proxy.stop()
-    stored = {r[0] for r in query(db, "SELECT e.external_id FROM events e")}
+    stored = {r[0] for r in query(own_database, "SELECT e.external_id FROM events e")}
     assert stored == {"before", "after"}

@@ -53,7 +53,7 @@ def test_each_step_commits_by_itself(own_database: str, worker_engine: Engine) -
         "SELECT state FROM pg_stat_activity"
         " WHERE datname = current_database() AND application_name = 'idem'",
     ) == [("idle",)]
-    assert store.succeed(key, claim.fence, {"ok": True}, "ref-1") is True
+    assert store.succeed(claim, {"ok": True}, "ref-1") is True
     assert query(db, "SELECT status, result FROM idempotency_keys") == [("succeeded", {"ok": True})]
 
 
@@ -70,7 +70,7 @@ def test_a_dropped_connection_costs_one_retried_statement(
     assert isinstance(claim, Claim)
 
     assert _drop_store_connections(db) == 1
-    assert store.succeed(first, claim.fence, {"ok": True}, "ref-1") is True
+    assert store.succeed(claim, {"ok": True}, "ref-1") is True
     assert query(
         db,
         "SELECT status, fence, attempts FROM idempotency_keys WHERE idempotency_key = %s",
@@ -99,11 +99,11 @@ def test_one_keeper_renews_every_lease_held_and_leaves_finished_ones_alone(
 
     with ExitStack() as others:
         beats = [
-            others.enter_context(Heartbeat(store, c.key, c.fence, 3, flag))
+            others.enter_context(Heartbeat(store, c, 3, flag))
             for c, flag in zip(claims[1:], cancelled[1:], strict=True)
             if isinstance(c, Claim)
         ]
-        with Heartbeat(store, first.key, first.fence, 3, cancelled[0]) as first_beat:
+        with Heartbeat(store, first, 3, cancelled[0]) as first_beat:
             time.sleep(4.5)
             live = query(
                 db,
@@ -111,7 +111,7 @@ def test_one_keeper_renews_every_lease_held_and_leaves_finished_ones_alone(
                 " WHERE status = 'processing' AND locked_until > now() + interval '1 second'",
             )
             keepers = [t for t in threading.enumerate() if t.name == "lease-keeper"]
-        assert store.succeed(first.key, first.fence, {"ok": True}, None) is True
+        assert store.succeed(first, {"ok": True}, None) is True
         time.sleep(1.5)
         still_live = query(db, "SELECT count(*) FROM idempotency_keys WHERE locked_until > now()")
 

@@ -219,3 +219,44 @@ def test_non_ascii_digit_retry_after_is_none() -> None:
     """A Retry-After of non-ASCII 'digits' (a latin-1 b'\\xb2' header is '²') is garbage: None."""
     headers = httpx.Headers([(b"retry-after", b"\xb2")])
     assert parse_retry_after(headers["retry-after"], NOW) is None
+
+
+# --- uncertainty ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "uncertain"),
+    [
+        (httpx.ReadTimeout("t", request=REQUEST), True),
+        (httpx.WriteTimeout("t", request=REQUEST), True),
+        (httpx.RemoteProtocolError("t", request=REQUEST), True),
+        (httpx.ReadError("t", request=REQUEST), True),
+        (httpx.ProxyError("t", request=REQUEST), True),
+        (RuntimeError("boom"), True),
+        (httpx.ConnectTimeout("t", request=REQUEST), False),
+        (httpx.ConnectError("t", request=REQUEST), False),
+        (httpx.PoolTimeout("t", request=REQUEST), False),
+        (TransientError("busy"), False),
+        (TransientError("maybe", uncertain=True), True),
+        (PermanentError("http_422"), False),
+    ],
+)
+def test_classify_says_whether_the_effect_may_exist(error: Exception, uncertain: bool) -> None:
+    """Failures after the request may have reached the downstream are uncertain; failures
+    before it (or a downstream's refusal) are not."""
+    assert classify(error).uncertain is uncertain
+
+
+@pytest.mark.parametrize(
+    ("status", "uncertain"),
+    [
+        *[(status, True) for status in (500, 502, 504, 501, 599)],
+        *[(status, False) for status in (408, 425, 429, 503, 400, 422)],
+    ],
+)
+def test_server_errors_other_than_503_leave_the_effect_uncertain(
+    status: int, uncertain: bool
+) -> None:
+    """A 500, 502 or 504 may come after the work was done; 408, 425, 429, 503 and 4xx refuse."""
+    error = error_for_response(response(status), fixed_now)
+    assert error is not None and classify(error).uncertain is uncertain

@@ -39,8 +39,9 @@ def run(route: Route, ctx: ActionContext) -> ActionResult:
         # Only the type: an exception's message may quote the payload.
         detail = f"{route.function} raised {type(error).__name__}"
         if route.unexpected_error == "permanent":
-            raise PermanentError("python_exception", detail) from error
-        raise TransientError("python_exception", detail) from error
+            raise PermanentError("python_exception", detail, uncertain=True) from error
+        # The function may have done its work before it raised: look before acting again.
+        raise TransientError("python_exception", detail, uncertain=True) from error
     if isinstance(value, ActionResult):
         return value
     return ActionResult(result=value)
