@@ -172,12 +172,13 @@ def replay_command(
         _fail(_validation_message(error))
     operator = _operator(by)
     with _engine() as (settings, engine):
-        routes = load_routes(settings.routes_file)
+        routes, secret = load_routes(settings.routes_file), replay.confirm_secret(settings)
         if request.dry_run:
-            return _print_report(replay.dry_run(engine, request, routes), request, as_json)
+            report = replay.dry_run(engine, request, routes, secret=secret)
+            return _print_report(report, request, as_json)
         with _progress(disable=as_json) as progress:
             progress.add_task("replaying", total=None)
-            outcome = replay.execute(engine, request, routes, operator)
+            outcome = replay.execute(engine, request, routes, operator, secret=secret)
     match outcome:
         case replay.Stale(report):
             typer.echo("idem: the set changed; nothing replayed", err=True)

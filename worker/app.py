@@ -10,11 +10,13 @@ setup stays in charge. Retries never use countdown/ETA: they wait in the outbox.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from celery import Celery, signals
+from sqlalchemy import Engine
 
 from outbox.db import create_sync_engine
 from outbox.intake import PROCESS_TASK
@@ -35,14 +37,29 @@ class Runtime:
     settings: Settings
     routes: RouteTable
     _store: KeyStore | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def store(self) -> KeyStore:
-        if self._store is None:
-            # The task thread and the lease keeper each need a connection. No pre-ping: the
-            # store retries a statement once on a connection found dead instead.
-            engine = create_sync_engine(self.settings, pool_size=2, pre_ping=False, autocommit=True)
-            self._store = KeyStore(engine)
-        return self._store
+        store = self._store
+        if store is None:
+            with self._lock:  # the threads pool's first tasks arrive together
+                if self._store is None:
+                    self._store = KeyStore(self._engine())
+                store = self._store
+        return store
+
+    def _engine(self) -> Engine:
+        """A bounded pool, whatever the concurrency: attempts in flight and the lease keeper
+        share a few connections (plus one overflow) for their millisecond statements; an
+        attempt that waits too long for one is still bounded by its own view of the lease.
+        No pre-ping: the store retries a statement once on a connection found dead instead."""
+        return create_sync_engine(
+            self.settings,
+            pool_size=self.settings.worker_db_pool_size,
+            max_overflow=1,
+            pre_ping=False,
+            autocommit=True,
+        )
 
     def reset_after_fork(self) -> None:
         if self._store is not None:

@@ -19,8 +19,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import Engine
 
-from outbox import deadletters, keys, queries, stats
+from outbox import deadletters, keys, queries, replay, stats
 from outbox import operator_queries as oq
+from outbox.access import FailureThrottle
 from outbox.console import charts
 from outbox.console.auth import Gate, add_auth_routes
 from outbox.console.forms import (
@@ -77,17 +78,24 @@ def _overview(engine: Engine) -> dict[str, Any]:
 
 
 def console_router(
-    settings: Settings, routes: RouteTable, engine: Callable[[], Engine]
+    settings: Settings,
+    routes: RouteTable,
+    engine: Callable[[], Engine],
+    throttle: FailureThrottle | None = None,
 ) -> APIRouter:
-    """The console's pages under /console; `engine()` returns the sync engine of the app."""
+    """The console's pages under /console; `engine()` returns the sync engine of the app;
+    `throttle` counts failed sign-ins (shared with the operator API's tokens)."""
     router = APIRouter(prefix=PREFIX, include_in_schema=False, route_class=ConsoleRoute)
-    gate = Gate(settings.operator_token)
+    throttle = throttle or FailureThrottle(
+        settings.auth_failure_limit, settings.auth_failure_window_seconds
+    )
+    gate = Gate(settings.operator_token, engine, throttle)
     add_auth_routes(router, gate)
 
     @router.get("")
     @router.get("/")
     async def overview(request: Request) -> Response:
-        session = gate.page(request)
+        session = await gate.page(request)
         if isinstance(session, Response):
             return session
         data = await run_in_threadpool(_overview, engine())
@@ -118,7 +126,7 @@ def console_router(
 
     @router.get("/dead-letters")
     async def dead_letter_list(request: Request) -> Response:
-        session = gate.page(request)
+        session = await gate.page(request)
         if isinstance(session, Response):
             return session
         query = DeadLetterQuery.parse(request.query_params)
@@ -151,7 +159,7 @@ def console_router(
 
     @router.get("/dead-letters/{dead_letter_id}")
     async def dead_letter_detail(request: Request, dead_letter_id: str) -> Response:
-        session = gate.page(request)
+        session = await gate.page(request)
         if isinstance(session, Response):
             return session
         number = digits(dead_letter_id)
@@ -216,11 +224,11 @@ def console_router(
             f"{base_path(request)}/dead-letters/{number}?discarded=1", status_code=303
         )
 
-    add_replay_routes(router, gate, routes, engine)
+    add_replay_routes(router, gate, routes, engine, replay.confirm_secret(settings))
 
     @router.get("/keys")
     async def key_lookup(request: Request) -> Response:
-        session = gate.page(request)
+        session = await gate.page(request)
         if isinstance(session, Response):
             return session
         key = (request.query_params.get("key") or "").strip()
@@ -244,7 +252,7 @@ def console_router(
 
     @router.api_route("/{rest:path}", methods=["GET", "POST"])
     async def not_found(request: Request, rest: str) -> Response:
-        session = gate.page(request)
+        session = await gate.page(request)
         if isinstance(session, Response):
             return session
         return message_page(request, 404, "Not found", "There is no such page.", session=session)

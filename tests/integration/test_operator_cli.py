@@ -345,6 +345,28 @@ def test_replay_with_a_stale_token_exits_1_and_changes_nothing(
     assert count(db, "SELECT count(*) FROM dead_letters WHERE resolution = 'open'") == 2
 
 
+def test_the_confirm_token_is_signed_with_the_configured_secret(
+    own_database: str, idem: Idem
+) -> None:
+    """Dry run and execution are separate processes: a token from a dry run under another
+    REPLAY_SECRET is refused (exit 1, nothing replayed); under the same secret it replays."""
+    db = own_database
+    add_dead_letter(db, add_key(db, "lead", "failed_final"))
+    dry = ok_json(idem("replay", "--status", "failed_final", "--json", REPLAY_SECRET="first"))
+    other = idem(
+        "replay", "--status", "failed_final", "--confirm", dry["confirm"], REPLAY_SECRET="second"
+    )
+    assert other.returncode == 1 and "the set changed; nothing replayed" in other.stderr
+    assert count(db, "SELECT count(*) FROM replays") == 0
+    assert count(db, "SELECT count(*) FROM outbox") == 0
+    same = idem(
+        "replay", "--status", "failed_final", "--confirm", dry["confirm"], REPLAY_SECRET="first"
+    )
+    assert same.returncode == 0, same.stderr
+    assert count(db, "SELECT count(*) FROM idempotency_keys WHERE status = 'pending'") == 1
+    assert count(db, "SELECT count(*) FROM replays") == 1
+
+
 def test_replay_without_a_filter_is_refused(own_database: str, idem: Idem) -> None:
     """A replay naming no status, event type, window or key exits 2 with the model's message,
     as do an unknown status and --dry-run with --confirm; nothing is written."""

@@ -465,7 +465,8 @@ def test_docs_describe_every_example() -> None:
 
 
 def test_docs_signing_snippet_is_pasteable_and_signs_the_raw_body() -> None:
-    """The JSON node snippet in docs/n8n.md parses and sends the signed string as the raw body."""
+    """The JSON node snippet in docs/n8n.md parses, signs v2 (timestamp, Idempotency-Key and
+    body) and sends the signed string as the raw body with the signed key."""
     doc = DOC.read_text(encoding="utf-8")
     blocks = re.findall(r"```json\n(.*?)```", doc, re.DOTALL)
     assert len(blocks) == 1
@@ -477,8 +478,11 @@ def test_docs_signing_snippet_is_pasteable_and_signs_the_raw_body() -> None:
     assert sign["parameters"]["action"] == "hmac"
     assert sign["parameters"]["type"] == "SHA256"
     assert sign["parameters"]["encoding"] == "hex"
-    assert sign["parameters"]["value"] == "={{ $json.ts }}.{{ $json.body_text }}"
+    assert sign["parameters"]["value"] == "={{ $json.ts }}.{{ $json.key }}.{{ $json.body_text }}"
     (post,) = gateway_requests(snippet)
+    headers = {h["name"]: h["value"] for h in post["parameters"]["headerParameters"]["parameters"]}
+    assert headers["Idempotency-Key"] == "={{ $json.key }}"
+    assert headers["X-Idem-Signature"] == "=v2={{ $json.signature }}"
     assert post["parameters"]["contentType"] == "raw"
     assert post["parameters"]["body"] == "={{ $json.body_text }}"
     assert {h.lower() for h in header_names(post)} <= GATEWAY_HEADERS
