@@ -1,4 +1,4 @@
-# One image for every process of the gateway: the receiver, the relay, the Celery worker and the
+# One image for every process of the gateway: the receiver, the relay, the Celery worker, the
 # sweeper and the one-shot migration. compose.yaml picks the process with the command (see `idem --help`).
 FROM python:3.11-slim
 
@@ -15,16 +15,27 @@ RUN groupadd --system --gid 10001 idem \
        --shell /usr/sbin/nologin idem
 
 WORKDIR /app
+
+# Dependencies first, pinned by constraints.txt: this layer is rebuilt when the dependency list
+# or the pins change, not on every change of the code. Only the runtime dependencies: the
+# extras (embedded servers, test tools) stay out of the image.
+COPY pyproject.toml constraints.txt /app/
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+       > /tmp/requirements.txt \
+    && pip install --no-cache-dir -c constraints.txt -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+
+# Then the code, installed without resolving anything again.
 COPY . /app
-# The files stay root-owned and read-only to the service user; only $HOME is writable.
-RUN pip install --no-cache-dir . \
+# The files stay root-owned and read-only to the service user; only $HOME and /tmp are writable.
+RUN pip install -c constraints.txt --no-deps --no-cache-dir . \
     && rm -rf /app/build /app/*.egg-info
 
 USER idem
 
 EXPOSE 8000
 
-# No image HEALTHCHECK: the relay and the worker run from this image too and serve no HTTP.
-# compose.yaml gives the receiver its own healthcheck on /healthz.
+# No image HEALTHCHECK: each process has its own probe, set in compose.yaml (the receiver's
+# /readyz, the worker's broadcast ping, `idem alive` for the relay and the sweeper).
 ENTRYPOINT ["idem"]
 CMD ["serve", "--host", "0.0.0.0"]

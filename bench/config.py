@@ -31,6 +31,8 @@ class Profile:
     # as many as the end-to-end rate measured before lets through in that many seconds.
     memory_step: int
     memory_budget_seconds: float
+    # Provider webhooks: distinct signed events per run.
+    webhook_events: int
 
 
 FULL = Profile(
@@ -50,6 +52,7 @@ FULL = Profile(
     growth_large=1_000_000,
     memory_step=50_000,
     memory_budget_seconds=270.0,
+    webhook_events=1000,
 )
 
 SMOKE = Profile(
@@ -69,4 +72,5 @@ SMOKE = Profile(
     growth_large=20_000,
     memory_step=200,
     memory_budget_seconds=0.0,
+    webhook_events=200,
 )

@@ -33,10 +33,18 @@ from urllib.parse import urlsplit
 import httpx
 
 from bench.procfs import machine_busy_seconds, tree_cpu_seconds
+from outbox.provider_signatures import sign_stripe
 
 EVENT = (
     '{{"source":"{source}","event_type":"bench.noop","external_id":"{external_id}",'
     '"payload":{{"email":"{external_id}@example.com","name":"Ada","amount":42}}}}'
+)
+# A Stripe-style event (the shape of Stripe's event objects), posted to /v1/webhooks/stripe.
+STRIPE_EVENT = (
+    '{{"id":"evt_{source}_{external_id}","object":"event","api_version":"2024-06-20",'
+    '"created":1800000000,"type":"invoice.paid","livemode":false,"pending_webhooks":1,'
+    '"data":{{"object":{{"id":"in_{external_id}","object":"invoice","amount_paid":4200,'
+    '"currency":"eur","customer":"cus_{external_id}","status":"paid"}}}}}}'
 )
 CLAIM = (
     '{{"key":"{source}-{external_id}","payload":{{"order":"{external_id}"}},"lease_seconds":60}}'
@@ -47,6 +55,9 @@ MODES = {
     "duplicates": ("/v1/events", EVENT, (200, 202)),
     "claims": ("/v1/claims", CLAIM, (201,)),
     "naive": ("/events", EVENT, (202,)),
+    # Signed with Stripe's scheme (`secret`); ids carry `source`, so a run's events can be
+    # counted afterwards (events.external_id is the event id).
+    "stripe": ("/v1/webhooks/stripe", STRIPE_EVENT, (202,)),
 }
 
 
@@ -71,6 +82,8 @@ class Spec:
     sequential_ids: bool = False
     # Processes whose CPU time is read before and after the timed part (the server).
     watch_pids: list[int] = field(default_factory=list)
+    # stripe: the source's signing secret.
+    secret: str = ""
 
 
 @dataclass
@@ -102,8 +115,11 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[rank - 1]
 
 
+Headers = dict[str, str]
+
+
 class Client(Protocol):
-    async def post(self, path: str, body: bytes) -> int: ...
+    async def post(self, path: str, body: bytes, headers: Headers) -> int: ...
 
     async def close(self) -> None: ...
 
@@ -118,13 +134,14 @@ class RawClient:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def post(self, path: str, body: bytes) -> int:
+    async def post(self, path: str, body: bytes, headers: Headers) -> int:
         if self.writer is None or self.reader is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items()).encode()
         self.writer.write(
             b"POST %s HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n%s"
-            % (path.encode(), self.host.encode(), self.port, len(body), body)
+            b"%scontent-length: %d\r\n\r\n%s"
+            % (path.encode(), self.host.encode(), self.port, extra, len(body), body)
         )
         try:
             return await self._response(self.reader)
@@ -162,9 +179,9 @@ class HttpxClient:
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
         self.client = httpx.AsyncClient(base_url=url, limits=limits, timeout=60)
 
-    async def post(self, path: str, body: bytes) -> int:
+    async def post(self, path: str, body: bytes, headers: Headers) -> int:
         response = await self.client.post(
-            path, content=body, headers={"content-type": "application/json"}
+            path, content=body, headers={"content-type": "application/json", **headers}
         )
         return response.status_code
 
@@ -179,7 +196,7 @@ class Bodies:
         self.tag = uuid.uuid4().hex[:10]
         self.counter = 0
 
-    def next(self) -> bytes:
+    def next(self) -> tuple[bytes, Headers]:
         self.counter += 1
         if self.spec.mode == "duplicates":
             external_id = str(random.randrange(self.spec.known))
@@ -187,7 +204,10 @@ class Bodies:
             external_id = str(self.counter - 1)
         else:
             external_id = f"{self.tag}-{self.counter}"
-        return self.template.format(source=self.spec.source, external_id=external_id).encode()
+        body = self.template.format(source=self.spec.source, external_id=external_id).encode()
+        if self.spec.mode == "stripe":
+            return body, {"stripe-signature": sign_stripe(self.spec.secret, int(time.time()), body)}
+        return body, {}
 
 
 class Recorder:
@@ -196,9 +216,11 @@ class Recorder:
         self.latencies: list[float] = []
         self.statuses: Counter[str] = Counter()
 
-    async def send(self, client: Client, path: str, body: bytes, since: float) -> None:
+    async def send(
+        self, client: Client, path: str, request: tuple[bytes, Headers], since: float
+    ) -> None:
         try:
-            status = await client.post(path, body)
+            status = await client.post(path, *request)
         except (OSError, asyncio.IncompleteReadError, httpx.HTTPError) as error:
             self.statuses[type(error).__name__] += 1
             return

@@ -19,14 +19,14 @@ from typing import Any
 
 from rich.console import Console
 
-from bench import drain, growth, ingest, memory, pipeline
+from bench import drain, growth, ingest, memory, pipeline, webhooks
 from bench.config import FULL, SMOKE, Profile
 from bench.context import Bench
 from bench.infra import DEFAULT_ADMIN_URL, NOOP_ROUTES, Databases, RedisServer, scratch_dir
 from bench.machine import facts
 from bench.report import Check, checks_json, print_report, write_json
 
-SECTIONS = ("ingest", "duplicates", "e2e", "relay", "growth", "memory")
+SECTIONS = ("ingest", "duplicates", "e2e", "relay", "growth", "memory", "webhooks")
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 
 
@@ -144,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
                         checks.extend(found)
 
                     section("memory", do_memory)
+                if "webhooks" in wanted:
+
+                    def do_webhooks() -> None:
+                        document["webhooks"], found = webhooks.run(bench)
+                        checks.extend(found)
+
+                    section("webhooks", do_webhooks)
             finally:
                 redis_server.stop()
     finally:

@@ -5,21 +5,23 @@ The answers are made for an IF node: 201 claimed (`uncertain: true`: look the ef
 acting), 200 already_succeeded (use the stored result), 409 in_progress (wait Retry-After),
 lease_lost (stop: someone else holds the key now) or not_a_claim_key (an event's key, which the
 gateway's worker acts on). Every endpoint needs the CLAIMS_TOKEN bearer token; without one
-configured, only clients on this machine are served (`outbox.auth`).
+configured, only clients on this machine are served (`outbox.access`).
 """
 
 # No `from __future__ import annotations`: FastAPI must resolve the models at definition time.
 
+import math
 import uuid
 from collections.abc import Callable
 from typing import Annotated, Any, assert_never
 
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox import auth, claims, keys
+from outbox import claims, keys
+from outbox.access import FailureThrottle, require_token_or_loopback
 from outbox.logs import get_logger
 from outbox.problems import Problem, json_response, problem_responses
 from outbox.settings import Settings
@@ -29,11 +31,31 @@ log = get_logger(__name__)
 Seconds = Annotated[int, Field(ge=1, le=3600)]
 
 
+def _finite(value: Any) -> Any:
+    """Refuse NaN and Infinity anywhere in a value: Python's JSON parser reads them, but they
+    are not JSON, cannot be hashed canonically nor stored as jsonb (the event path refuses them
+    the same way)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError("NaN and Infinity are not JSON")
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return value
+
+
+# Any JSON value, without the non-standard constants.
+JsonValue = Annotated[Any, AfterValidator(_finite)]
+
+
 class ClaimRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     key: str = Field(min_length=1, max_length=255)
-    payload: Any = None
+    payload: JsonValue = None
     lease_seconds: Seconds | None = None
     correlation_id: str | None = Field(default=None, min_length=1, max_length=200)
     workflow: str | None = Field(default=None, min_length=1, max_length=500)
@@ -45,6 +67,11 @@ class ClaimRequest(BaseModel):
             return keys.validate_client_key(value)
         except keys.InvalidKey as error:
             raise ValueError(str(error)) from error
+
+    @field_validator("payload")
+    @classmethod
+    def _finite_payload(cls, value: Any) -> Any:
+        return keys.require_finite(value)
 
 
 class HeartbeatRequest(BaseModel):
@@ -58,8 +85,13 @@ class CompleteRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     lease_token: str = Field(min_length=1, max_length=200)
-    result: Any = None
+    result: JsonValue = None
     external_ref: str | None = Field(default=None, max_length=500)
+
+    @field_validator("result")
+    @classmethod
+    def _finite_result(cls, value: Any) -> Any:
+        return keys.require_finite(value)
 
 
 class FailRequest(BaseModel):
@@ -78,12 +110,22 @@ KeyPath = Annotated[str, Path(min_length=1, max_length=255)]
 
 
 def claims_router(
-    settings: Settings, engine: Callable[[], AsyncEngine], database: Callable[[Any], Any]
+    settings: Settings,
+    engine: Callable[[], AsyncEngine],
+    database: Callable[[Any], Any],
+    throttle: FailureThrottle,
 ) -> APIRouter:
     """The claims endpoints; `database(awaitable)` maps an outage to a 503."""
 
+    if not settings.claims_token:
+        log.warning(
+            "receiver.claims_token_unset",
+            detail="the claims API and event look-ups serve clients on this machine only;"
+            " set CLAIMS_TOKEN to serve workflows elsewhere",
+        )
+
     def authorize(request: Request) -> None:
-        auth.require_token(request, settings.claims_token, realm="idem-claims")
+        require_token_or_loopback(request, settings.claims_token, throttle, "claims")
 
     router = APIRouter(
         prefix="/v1/claims",
@@ -93,7 +135,7 @@ def claims_router(
             409: json_response(
                 "in_progress (wait Retry-After), lease_lost, finished, or not_a_claim_key"
             ),
-            **problem_responses(400, 401, 422, 503),
+            **problem_responses(400, 401, 403, 413, 422, 429, 503),
         },
     )
     ttl_seconds = settings.claims_ttl_days * 86_400

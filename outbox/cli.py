@@ -13,10 +13,12 @@ from typing import Any
 import typer
 
 from outbox.logs import configure_logging, get_logger
-from outbox.opcli import dlq_app, purge_command, replay_command, stats_command, stuck_command
+from outbox.opcli import dlq_app, purge_command, replay_command
 from outbox.routes import RoutesError, load_routes
 from outbox.settings import Settings, get_settings
 from outbox.timing import TimingError, check_timing
+from outbox.tokens import TokenError, check_tokens, configured_tokens
+from outbox.watchcli import routes_app, stats_command, stuck_command
 
 app = typer.Typer(
     help="Exactly-once side effects for automation workflows.",
@@ -34,8 +36,9 @@ def _settings(*, need_servers: bool = True) -> Settings:
     if need_servers and not settings.redis_url:
         _fail("REDIS_URL is not set (or use `idem dev`, which starts embedded servers)")
     try:
+        check_tokens(configured_tokens(settings))
         check_timing(settings, load_routes(settings.routes_file))
-    except (RoutesError, TimingError) as error:
+    except (RoutesError, TimingError, TokenError) as error:
         _fail(str(error))
     return settings
 
@@ -120,14 +123,40 @@ def sweep(
 
 @app.command()
 def worker(
-    concurrency: int = typer.Option(None, help="Worker processes (env WORKER_CONCURRENCY)."),
+    concurrency: int = typer.Option(
+        None, help="Attempts in flight: threads, or processes under prefork (WORKER_CONCURRENCY)."
+    ),
+    pool: str = typer.Option(None, help="threads (default) or prefork (WORKER_POOL)."),
 ) -> None:
     """Run the Celery worker that claims keys and runs actions."""
     _settings()
     args = [sys.executable, "-m", "worker"]
     if concurrency:
         args += ["--concurrency", str(concurrency)]
+    if pool:
+        args += ["--pool", pool]
     os.execv(sys.executable, args)
+
+
+@app.command()
+def alive(
+    max_age: float = typer.Option(60.0, help="Seconds the heartbeat file may be old."),
+) -> None:
+    """Exit 0 while this container's relay or sweeper turns its loop (HEARTBEAT_FILE is
+    recent), 1 otherwise: the liveness check of the processes that serve no HTTP."""
+    from outbox.heartbeat import age_seconds
+
+    path = get_settings().heartbeat_file
+    if path is None:
+        _fail("HEARTBEAT_FILE is not set")
+        return
+    age = age_seconds(path)
+    if age is None or age > max_age:
+        typer.echo(
+            f"idem: {path} " + ("is missing" if age is None else f"is {age:.0f} s old"), err=True
+        )
+        raise typer.Exit(1)
+    typer.echo(f"alive: heartbeat {age:.0f} s ago")
 
 
 @app.command()
@@ -142,7 +171,9 @@ def migrate() -> None:
 
 @app.command()
 def dev(
-    concurrency: int = typer.Option(2, help="Worker processes."),
+    concurrency: int = typer.Option(
+        None, help="Worker attempts in flight (default: WORKER_CONCURRENCY or the pool's)."
+    ),
 ) -> None:
     """Run everything in the foreground: migrations, receiver, relay, worker, sweeper. Ctrl-C
     stops all.
@@ -154,24 +185,36 @@ def dev(
     from outbox.migrate import upgrade
 
     os.environ.setdefault("LOG_FORMAT", "console")
+    # On a developer's machine the API's schema and its viewers help; production leaves them off.
+    os.environ.setdefault("API_DOCS", "true")
     get_settings.cache_clear()
     settings = _settings(need_servers=False)
     env = dict(os.environ)
     servers: list[Any] = []
     redis_process: subprocess.Popen[bytes] | None = None
     data_dir = Path(settings.data_dir).resolve()
-    if not settings.database_url:
-        server, env["DATABASE_URL"] = embedded.start_postgres(data_dir / "postgres")
-        servers.append(server)
-        log.info("embedded.postgres", data_dir=str(data_dir / "postgres"))
-    if not settings.redis_url:
-        redis_process, env["REDIS_URL"] = embedded.start_redis(data_dir / "redis")
-        log.info("embedded.redis", url=env["REDIS_URL"])
+    try:
+        if not settings.database_url:
+            server, env["DATABASE_URL"] = embedded.start_postgres(data_dir / "postgres")
+            servers.append(server)
+            log.info("embedded.postgres", data_dir=str(data_dir / "postgres"))
+        if not settings.redis_url:
+            redis_process, env["REDIS_URL"] = embedded.start_redis(data_dir / "redis")
+            log.info("embedded.redis", url=env["REDIS_URL"])
+    except RuntimeError as error:
+        for server in servers:
+            server.cleanup()
+        _fail(str(error))
     upgrade(env.get("DATABASE_URL") or settings.database_url)
     commands = {
         "receiver": [sys.executable, "-m", "outbox.cli", "serve"],
         "relay": [sys.executable, "-m", "outbox.cli", "relay"],
-        "worker": [sys.executable, "-m", "worker", "--concurrency", str(concurrency)],
+        "worker": [
+            sys.executable,
+            "-m",
+            "worker",
+            *(["--concurrency", str(concurrency)] if concurrency else []),
+        ],
         "sweeper": [sys.executable, "-m", "outbox.cli", "sweep"],
     }
     children = {name: subprocess.Popen(cmd, env=env) for name, cmd in commands.items()}
@@ -237,12 +280,13 @@ def demo() -> None:
     raise typer.Exit(main())
 
 
-# Operators' commands (outbox/opcli.py).
+# Operators' commands (outbox/opcli.py, outbox/watchcli.py).
 app.add_typer(dlq_app, name="dlq")
 app.command("replay")(replay_command)
 app.command("stuck")(stuck_command)
 app.command("purge")(purge_command)
 app.command("stats")(stats_command)
+app.add_typer(routes_app, name="routes")
 
 if __name__ == "__main__":
     app()

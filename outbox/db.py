@@ -5,13 +5,47 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sqlalchemy import Engine, create_engine
+import psycopg
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from outbox.settings import Settings
 
 # Errors that mean "the database is not there right now", as opposed to a bug in a statement.
 UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57")
+
+# Every engine hides bound parameters from its errors' text. They hold full keys, payloads and
+# stored results, and an error's text travels: into Celery's failure tracebacks, the relay's
+# and sweeper's `detail` fields, a 500's traceback. An error keeps the SQL and the database's
+# message, which is what a reader needs to find the cause.
+HIDE_PARAMETERS = True
+
+
+def _primary_message_only(context: ExceptionContext) -> None:
+    """Drop PostgreSQL's DETAIL and CONTEXT from an error's text, for the reason above.
+
+    They quote the data a statement carried: a constraint violation's "Failing row contains
+    (…)" is the whole row, a JSON error's context is the text around the bad token. The primary
+    message names what failed (the constraint, the type); the SQLSTATE and every diagnostic
+    field stay on the driver's error (`orig.diag`, `orig.sqlstate`) for code that asks.
+    """
+    original = context.original_exception
+    if not isinstance(original, psycopg.Error):
+        return
+    primary = original.diag.message_primary
+    if not primary:
+        return
+    original.args = (primary,)
+    wrapped = context.sqlalchemy_exception
+    if wrapped is not None:
+        # The wrapper copied the driver's text when it was built: rebuilt in the same form.
+        kind = type(original)
+        wrapped.args = (f"({kind.__module__}.{kind.__name__}) {primary}",)
+
+
+def _without_data_in_errors(engine: Engine) -> None:
+    event.listen(engine, "handle_error", _primary_message_only)
 
 
 def _connect_args(settings: Settings) -> dict[str, Any]:
@@ -32,19 +66,27 @@ def create_receiver_engine(settings: Settings) -> AsyncEngine:
     BEGIN and no COMMIT, two round trips saved per request. A step that needs several
     statements in one transaction must not run on this engine.
     """
-    return create_async_engine(
+    engine = create_async_engine(
         settings.sqlalchemy_url(),
         isolation_level="AUTOCOMMIT",
         pool_size=settings.db_pool_size,
         max_overflow=0,
         pool_timeout=settings.db_timeout_seconds,
         pool_recycle=3600,
+        hide_parameters=HIDE_PARAMETERS,
         connect_args=_connect_args(settings),
     )
+    _without_data_in_errors(engine.sync_engine)
+    return engine
 
 
 def create_sync_engine(
-    settings: Settings, *, pool_size: int = 2, pre_ping: bool = True, autocommit: bool = False
+    settings: Settings,
+    *,
+    pool_size: int = 2,
+    max_overflow: int = 2,
+    pre_ping: bool = True,
+    autocommit: bool = False,
 ) -> Engine:
     """A small pool for a relay or a worker process (one statement at a time per thread).
 
@@ -57,13 +99,16 @@ def create_sync_engine(
     COMMIT), and instead of a pre-ping round trip before every step it sends a statement once
     more when it met a dead connection.
     """
-    return create_engine(
+    engine = create_engine(
         settings.sqlalchemy_url(),
         isolation_level="AUTOCOMMIT" if autocommit else None,
         pool_size=pool_size,
-        max_overflow=2,
+        max_overflow=max_overflow,
         pool_timeout=30,
         pool_pre_ping=pre_ping,
         pool_recycle=3600,
+        hide_parameters=HIDE_PARAMETERS,
         connect_args=_connect_args(settings),
     )
+    _without_data_in_errors(engine)
+    return engine

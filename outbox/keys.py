@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import unicodedata
 from datetime import UTC, datetime, timedelta, timezone
 
 __all__ = [
     "InvalidKey",
+    "NumberOutOfRange",
     "canonical_json",
     "derive_key",
     "mask_key",
@@ -168,6 +170,43 @@ def mask_key(key: str) -> str:
 def canonical_json(value: object) -> str:
     """One JSON text per value: sorted keys, no spaces, UTF-8 kept, NaN and Infinity refused."""
     return _CANONICAL.encode(value)
+
+
+class NumberOutOfRange(ValueError):
+    """A JSON number beyond a double's range, such as `1e400`.
+
+    JSON's grammar allows it, but it parses to infinity, which no JSON text (and so no stored
+    payload, hash or result) can hold: the caller's input, refused before anything is written.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("a number is beyond the range of a 64-bit float (such as 1e400)")
+
+
+def finite_float(text: str) -> float:
+    """`json.loads(parse_float=...)`: a JSON number with a fraction or exponent, never infinite."""
+    value = float(text)
+    if math.isinf(value):
+        raise NumberOutOfRange
+    return value
+
+
+def require_finite(value: object) -> object:
+    """`value` itself when no number inside it is infinite or NaN; else `NumberOutOfRange`.
+
+    For bodies a framework parsed already (where `finite_float` could not be the parse hook).
+    A loop, not recursion: nesting depth is the caller's to choose.
+    """
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise NumberOutOfRange
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return value
 
 
 def payload_hash(value: object) -> str:

@@ -2,25 +2,25 @@
 
 With OPERATOR_TOKEN unset these endpoints answer 503 (disabled), not 200: an unconfigured
 deployment must not expose replay to anyone who can reach it. The token is compared in
-constant time. The stores are synchronous (the CLI runs the same functions); here they run in
-the thread pool.
+constant time, and wrong tokens are throttled per client address (outbox/access.py). The
+stores are synchronous (the CLI runs the same functions); here they run in the thread pool.
 """
 
 # No `from __future__ import annotations` here: FastAPI must see the dependency objects that
 # the endpoints, defined inside a factory, refer to.
 
-import hmac
 from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Depends, Header, Query
+from fastapi import APIRouter, Body, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine
 
-from outbox import deadletters, replay, stats
+from outbox import deadletters, replay, routestate, stats
+from outbox.access import FailureThrottle, require_bearer
 from outbox.logs import get_logger
 from outbox.problems import Problem, problem_responses
 from outbox.routes import RouteTable
@@ -30,6 +30,12 @@ from outbox.timewindow import parse_instant
 log = get_logger(__name__)
 
 
+class PauseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=500)
+
+
 class DiscardRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -37,11 +43,19 @@ class DiscardRequest(BaseModel):
 
 
 def operator_router(
-    settings: Settings, routes: RouteTable, engine: Callable[[], Engine]
+    settings: Settings,
+    routes: RouteTable,
+    engine: Callable[[], Engine],
+    throttle: FailureThrottle | None = None,
 ) -> APIRouter:
-    """Routes under /v1 for operators; `engine()` returns the sync engine of the app."""
+    """Routes under /v1 for operators; `engine()` returns the sync engine of the app;
+    `throttle` counts wrong tokens (shared with the console's sign-ins)."""
+    throttle = throttle or FailureThrottle(
+        settings.auth_failure_limit, settings.auth_failure_window_seconds
+    )
 
     def authorize(
+        request: Request,
         authorization: Annotated[str | None, Header()] = None,
         x_operator: Annotated[str | None, Header(max_length=100)] = None,
     ) -> str:
@@ -53,21 +67,16 @@ def operator_router(
                 "operator_api_disabled",
                 "Set OPERATOR_TOKEN to enable the operator API.",
             )
-        scheme, _, given = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), expected.encode()
-        ):
-            raise Problem(
-                401,
-                "unauthorized",
-                "A valid operator bearer token is required.",
-                headers={"WWW-Authenticate": 'Bearer realm="idem-operator"'},
-            )
+        # `authorization` is declared for the OpenAPI document; the check reads the request.
+        require_bearer(request, expected, throttle, "operator")
         return x_operator or "api"
 
     router = APIRouter(
-        prefix="/v1", tags=["operators"], responses=problem_responses(400, 401, 422, 503)
+        prefix="/v1",
+        tags=["operators"],
+        responses=problem_responses(400, 401, 413, 422, 429, 503),
     )
+    secret = replay.confirm_secret(settings)
     Operator = Annotated[str, Depends(authorize)]
 
     @router.get("/dead-letters")
@@ -126,9 +135,13 @@ def operator_router(
         """Dry run by default: the report and its `confirm` token. Execute with
         `"dry_run": false` and that token; 409 with a fresh report if the set changed."""
         if request.dry_run:
-            report = await run_in_threadpool(replay.dry_run, engine(), request, routes)
+            report = await run_in_threadpool(
+                replay.dry_run, engine(), request, routes, secret=secret
+            )
             return JSONResponse({"dry_run": True, **report.as_dict()})
-        outcome = await run_in_threadpool(replay.execute, engine(), request, routes, operator)
+        outcome = await run_in_threadpool(
+            replay.execute, engine(), request, routes, operator, secret=secret
+        )
         match outcome:
             case replay.Stale(report):
                 raise Problem(
@@ -149,6 +162,35 @@ def operator_router(
         """Keys by status, outbox backlog and lag, processing age, open dead letters."""
         result: dict[str, Any] = await run_in_threadpool(stats.collect, engine())
         return result
+
+    def known(name: str) -> str:
+        if routes.by_label(name) is None:
+            raise Problem(404, "route_not_found", "No configured route has this name.")
+        return name
+
+    @router.get("/routes")
+    async def list_routes(_: Operator) -> dict[str, Any]:
+        """Every route: paused or circuit state, limits, keys waiting, attempts running."""
+        items = await run_in_threadpool(routestate.list_routes, engine(), routes)
+        return {"items": items}
+
+    @router.post("/routes/{name}/pause", responses=problem_responses(404))
+    async def pause_route(name: str, body: PauseRequest, operator: Operator) -> dict[str, Any]:
+        """Stop acting on the route's keys (they wait as pending), with a reason on record."""
+        changed = await run_in_threadpool(
+            routestate.pause, engine(), known(name), body.reason, operator
+        )
+        if changed:
+            log.info("route.paused", route=name, by=operator)
+        return {"name": name, "paused": True, "changed": changed}
+
+    @router.post("/routes/{name}/resume", responses=problem_responses(404))
+    async def resume_route(name: str, operator: Operator) -> dict[str, Any]:
+        """Act on the route's keys again, those it held first, in the order they arrived."""
+        queued = await run_in_threadpool(routestate.resume, engine(), known(name), operator)
+        if queued is not None:
+            log.info("route.resumed", route=name, by=operator, queued=queued)
+        return {"name": name, "paused": False, "changed": queued is not None, "queued": queued or 0}
 
     return router
 

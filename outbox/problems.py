@@ -25,6 +25,19 @@ TITLES: dict[str, str] = {
     "not_found": "No such resource",
     "method_not_allowed": "Method not allowed",
     "invalid_request": "The request is malformed",
+    "missing_signature": "The request is not signed; nothing was stored",
+    "invalid_signature": "The signature does not match; nothing was stored",
+    "stale_signature": "The signed timestamp is too far from now; nothing was stored",
+    "unknown_source": "The source has no signing secret; nothing was stored",
+    "unsigned_idempotency_key": "The signature does not cover the Idempotency-Key",
+    "source_not_allowed": "This source may not trigger the route",
+    "source_not_found": "No webhook source of this name",
+    "missing_event_id": "No event id where the source says it is",
+    "missing_event_type": "No event type where the source says it is",
+    "headers_too_large": "The request's headers are larger than the limit",
+    "unauthorized": "A valid bearer token is required",
+    "too_many_failures": "Too many failed credentials from this address",
+    "metrics_forbidden": "Metrics are for loopback clients or the metrics token",
 }
 
 
@@ -76,13 +89,15 @@ PROBLEM_SCHEMA: dict[str, Any] = {
 }
 
 _DESCRIPTIONS = {
-    400: "Bad request (not JSON, or an invalid Idempotency-Key)",
+    400: "Bad request (not JSON, an invalid or unsigned Idempotency-Key, no event id or type)",
     401: "Missing or invalid credentials or signature; nothing was stored",
-    403: "Forbidden",
+    403: "Forbidden (the source may not trigger this route); nothing was stored",
     404: "Not found",
     409: "Conflict with the resource's current state",
-    413: "Body too large",
+    413: "Body too large (MAX_BODY_BYTES)",
     422: "Invalid input, or a key reused with another payload; nothing changed",
+    429: "Too many failed credentials from this address; retry after Retry-After",
+    431: "Request headers too large",
     503: "A dependency is unavailable (or the feature is disabled); retry after Retry-After",
 }
 

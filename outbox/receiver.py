@@ -7,13 +7,11 @@ committed together, and the relay takes it from there.
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, assert_never
+from typing import Any
 
-import redis
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
@@ -24,24 +22,27 @@ from sqlalchemy import Engine
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from outbox import auth, contract, intake, keys, signatures
+from outbox import admission, contract, intake, keys
+from outbox.access import FailureThrottle, require_token_or_loopback
+from outbox.answers import respond
 from outbox.claims_api import claims_router
 from outbox.console import console_router
 from outbox.db import create_receiver_engine, create_sync_engine
 from outbox.envelope import Envelope
 from outbox.fastpath import EVENTS_PATH, Receiver, read_body
+from outbox.jsonbody import parse_json
+from outbox.limits import BodyTooLarge, RequestLimits, too_large
 from outbox.logs import get_logger
 from outbox.metrics import ReceiverMetrics
-from outbox.migrate import is_at_head
 from outbox.operator_api import operator_router
 from outbox.problems import Problem, json_response, problem_response, problem_responses
+from outbox.readiness import readiness
 from outbox.routes import RouteTable, load_routes
 from outbox.settings import Settings, get_settings
 from outbox.timewindow import iso
+from outbox.webhooks import webhook_ingest, webhooks_router
 
 log = get_logger(__name__)
-
-TERMINAL_STATUSES = frozenset({"succeeded", "failed_final", "quarantined"})
 
 ENVELOPE_SCHEMA = Envelope.model_json_schema()
 
@@ -56,20 +57,17 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         engine: Engine = state["sync_engine"]
         return engine
 
-    metrics = ReceiverMetrics(sync_engine)
-    source_secrets = _source_secrets(settings, routes)
+    metrics = ReceiverMetrics(sync_engine, routes)
+    known_sources = admission.sources(settings, routes)
+    signers = admission.signers(settings, known_sources)
+    # One count of failed credentials for every endpoint that takes one (outbox/access.py).
+    throttle = FailureThrottle(settings.auth_failure_limit, settings.auth_failure_window_seconds)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state["engine"] = create_receiver_engine(settings)
         # Operators, metrics and readiness use the synchronous stores in the thread pool.
         state["sync_engine"] = create_sync_engine(settings, pool_size=2)
-        if not settings.claims_token:
-            log.warning(
-                "receiver.claims_token_unset",
-                detail="the claims API and event look-ups serve clients on this machine only;"
-                " set CLAIMS_TOKEN to serve workflows elsewhere",
-            )
         try:
             yield
         finally:
@@ -81,7 +79,12 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         version="0.1.0",
         summary="Exactly-once side effects for automation workflows.",
         lifespan=lifespan,
+        # The schema and its viewers map every endpoint for a scanner: only when asked for.
+        openapi_url="/openapi.json" if settings.api_docs else None,
+        docs_url="/docs" if settings.api_docs else None,
+        redoc_url="/redoc" if settings.api_docs else None,
     )
+    app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes)
 
     @app.exception_handler(Problem)
     async def _problem(_: Request, problem: Problem) -> JSONResponse:
@@ -89,6 +92,8 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        if isinstance(error, BodyTooLarge):
+            return problem_response(too_large(error.limit))
         code = {400: "invalid_json", 404: "not_found", 405: "method_not_allowed"}.get(
             error.status_code, "error"
         )
@@ -143,7 +148,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         responses={
             200: json_response("A repeat of a finished event: the first answer"),
             202: json_response("Accepted (new), or a repeat of an event still in flight"),
-            **problem_responses(400, 401, 413, 422, 503),
+            **problem_responses(400, 401, 403, 413, 422, 503),
         },
         openapi_extra={
             "requestBody": {
@@ -164,9 +169,17 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         """Store an event once; repeats get the first answer (`Idempotent-Replayed: true`)."""
         body = await read_body(request, settings.max_body_bytes)
         envelope = _parse_envelope(body)
-        signer = source_secrets.get(envelope.normalized_source)
+        header_key = request.headers.get("idempotency-key")
+        signer = signers.get(envelope.normalized_source)
         if signer is not None:
-            signatures.verify(signer, request.headers, body)
+            verified = signer.verify(request.headers, body, idempotency_key=header_key)
+            if header_key is not None and not verified.covers_key:
+                raise Problem(
+                    400,
+                    "unsigned_idempotency_key",
+                    "The signature does not cover the Idempotency-Key header: sign with v2 "
+                    "(<timestamp>.<idempotency-key>.<body>) or send no key. Nothing was stored.",
+                )
         elif settings.require_signed_webhooks:
             raise Problem(
                 401,
@@ -175,10 +188,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
                 "Nothing was stored.",
             )
         event_type = envelope.normalized_event_type
-        route = routes.resolve(event_type)
-        if route is None:
-            raise Problem(422, "no_route", f"No route accepts event type {event_type!r}.")
-        header_key = request.headers.get("idempotency-key")
+        route = admission.route_for(routes, envelope.normalized_source, event_type)
         if header_key is not None:
             try:
                 key = keys.validate_client_key(header_key)
@@ -202,79 +212,19 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
             contract_violations=tuple(contract.violations(route, envelope.payload)),
         )
         outcome = await database(intake.accept(state["engine"], event))
-        bound = log.bind(
-            key=keys.mask_key(key), event_type=event_type, correlation_id=event.correlation_id
-        )
-        match outcome:
-            case intake.Accepted():
-                if outcome.status == "quarantined":
-                    metrics.quarantined.inc()
-                    bound.warning(
-                        "event.quarantined",
-                        transition="-> quarantined",
-                        route=route.label,
-                        violations=list(event.contract_violations),
-                    )
-                else:
-                    metrics.accepted.labels(event_type).inc()
-                    bound.info("event.accepted", transition="-> pending", route=route.label)
-                return JSONResponse(
-                    {
-                        "key": key,
-                        "status": outcome.status,
-                        "duplicate": False,
-                        "correlation_id": outcome.correlation_id,
-                        "event_type": event_type,
-                        "created_at": outcome.created_at.isoformat(),
-                    },
-                    status_code=202,
-                )
-            case intake.Repeated():
-                metrics.duplicates.inc()
-                bound.info(
-                    "event.duplicate",
-                    status=outcome.status,
-                    original_correlation_id=outcome.correlation_id,
-                )
-                return JSONResponse(
-                    {
-                        "key": key,
-                        "status": outcome.status,
-                        "duplicate": True,
-                        "correlation_id": outcome.correlation_id,
-                        "event_type": event_type,
-                        "result": outcome.result,
-                        "external_ref": outcome.external_ref,
-                        "error_code": outcome.error_code,
-                        "attempts": outcome.attempts,
-                    },
-                    status_code=200 if outcome.status in TERMINAL_STATUSES else 202,
-                    headers={"Idempotent-Replayed": "true"},
-                )
-            case intake.PayloadConflict():
-                metrics.conflicts.inc()
-                bound.warning("event.payload_conflict")
-                raise Problem(
-                    422,
-                    "idempotency_key_reused",
-                    "This key was first used with a different payload; nothing was changed.",
-                    key=key,
-                )
-            case _:
-                assert_never(outcome)
+        return respond(outcome, event, metrics)
 
     app.ingest = post_event
 
-    @app.get("/v1/events/{key:path}", responses=problem_responses(401, 404, 422, 503))
+    @app.get("/v1/events/{key:path}", responses=problem_responses(401, 403, 404, 422, 429, 503))
     async def get_event(key: str, request: Request) -> JSONResponse:
         """The state of one key: status, attempts, result, external_ref, error_code, times.
 
         The stored result is the downstream's answer: only holders of the claims or operator
         token (or, with neither configured, clients on this machine) may read it.
         """
-        auth.require_token(
-            request, settings.claims_token, settings.operator_token, realm="idem-events"
-        )
+        tokens = (settings.claims_token, settings.operator_token)
+        require_token_or_loopback(request, tokens, throttle, "claims")
         row = await database(intake.get_key(state["engine"], key))
         if row is None:
             raise Problem(404, "key_not_found", "No event is stored under this key.")
@@ -312,14 +262,20 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
     @app.get("/metrics", include_in_schema=False)
-    async def prometheus_metrics() -> Response:
-        """Prometheus text format."""
+    async def prometheus_metrics(request: Request) -> Response:
+        """Prometheus text format: with METRICS_TOKEN set, for its bearer only; unset, for
+        loopback clients only (a scrape counts keys, and the counts are not public)."""
+        require_token_or_loopback(request, settings.metrics_token, throttle, "metrics")
         body = await run_in_threadpool(generate_latest, metrics.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(operator_router(settings, routes, sync_engine))
-    app.include_router(console_router(settings, routes, sync_engine))
-    app.include_router(claims_router(settings, lambda: state["engine"], database))
+    app.include_router(operator_router(settings, routes, sync_engine, throttle))
+    app.include_router(console_router(settings, routes, sync_engine, throttle))
+    app.include_router(claims_router(settings, lambda: state["engine"], database, throttle))
+    app.ingest_webhook = webhook_ingest(
+        settings, routes, known_sources, signers, lambda: state["engine"], database, metrics
+    )
+    app.include_router(webhooks_router(app.ingest_webhook))
 
     return app
 
@@ -333,51 +289,16 @@ def _unavailable(settings: Settings) -> Problem:
     )
 
 
-def _source_secrets(settings: Settings, routes: RouteTable) -> dict[str, signatures.SourceSecret]:
-    """Signing secrets by source: WEBHOOK_SECRETS, then the routes file's [[sources]]."""
-    found = {
-        name: signatures.SourceSecret(
-            secret, tolerance_seconds=settings.signature_tolerance_seconds
-        )
-        for name, secret in signatures.parse_secrets(settings.webhook_secrets).items()
-    }
-    for name, source in routes.sources.items():
-        found[name] = signatures.SourceSecret(
-            source.secret,
-            source.signature_header,
-            source.timestamp_header,
-            source.tolerance_seconds,
-        )
-    return found
-
-
-def readiness(engine: Engine, redis_url: str) -> dict[str, bool]:
-    """Each dependency's state: reachable database, schema at head, reachable broker."""
-    checks = {"database": False, "migrations": False, "broker": False}
-    try:
-        with engine.connect() as conn:
-            checks["database"] = True
-            checks["migrations"] = is_at_head(conn)
-    except Exception as error:
-        log.warning("readyz.database", error=type(error).__name__)
-    try:
-        client = redis.Redis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=2)
-        with client:
-            checks["broker"] = bool(client.ping())
-    except Exception as error:
-        log.warning("readyz.broker", error=type(error).__name__)
-    return checks
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _parse_envelope(body: bytes) -> Envelope:
     try:
-        document = json.loads(body, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as error:
-        raise Problem(400, "invalid_json", "The body is not a JSON document.") from error
+        document = parse_json(body)
+    except keys.NumberOutOfRange as error:
+        raise Problem(
+            422,
+            "invalid_envelope",
+            "The event envelope is malformed.",
+            errors=[{"field": "(body)", "message": str(error), "type": "number_out_of_range"}],
+        ) from error
     try:
         return Envelope.model_validate(document)
     except ValidationError as error:

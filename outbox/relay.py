@@ -20,6 +20,7 @@ from celery import Celery
 from sqlalchemy import Engine, make_url
 
 from outbox import queries
+from outbox.heartbeat import Heartbeat
 from outbox.logs import get_logger
 from outbox.publisher import OutboxMessage, publish
 from outbox.settings import Settings
@@ -105,6 +106,7 @@ def libpq_dsn(sqlalchemy_url: str) -> str:
 def run_relay(settings: Settings, engine: Engine, app: Celery, stop: threading.Event) -> None:
     """Run until `stop` is set."""
     listener = Listener(libpq_dsn(settings.sqlalchemy_url()))
+    heartbeat = Heartbeat(settings.heartbeat_file)
     failures = 0
     log.info(
         "relay.started",
@@ -113,6 +115,7 @@ def run_relay(settings: Settings, engine: Engine, app: Celery, stop: threading.E
     )
     try:
         while not stop.is_set():
+            heartbeat.beat()
             try:
                 published = publish_due_batch(engine, app, settings.relay_batch_size)
                 next_due = (

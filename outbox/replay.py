@@ -3,15 +3,19 @@
 The safe path is the only path. A filter must name a status, an event type, a time window or a
 list of keys; a limit bounds it. The dry run reports what matches, what would be replayed, what
 is skipped and why, and returns a `confirm` token that binds the filter to that exact set of
-keys. Executing needs the token; if the set changed in between, nothing happens and a fresh
-report comes back. Execution resets the keys to `pending` with a fresh attempt budget (their
-dead letters stay, marked `replayed`), queues their outbox rows and writes an audit row, in one
-transaction. A succeeded key is never replayed, so replaying the same set twice acts once.
+keys. The token is an HMAC under a server-side secret (`confirm_secret`), so only a dry run
+can issue it: nobody can skip the report by hashing a filter and its keys themselves.
+Executing needs the token; if the set changed in between (or the token was not issued under
+this secret), nothing happens and a fresh report comes back. Execution resets the keys to
+`pending` with a fresh attempt budget (their dead letters stay, marked `replayed`), queues
+their outbox rows and writes an audit row, in one transaction. A succeeded key is never
+replayed, so replaying the same set twice acts once.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -25,6 +29,7 @@ from outbox import keys, lifecycle
 from outbox import operator_queries as q
 from outbox.intake import PROCESS_TASK
 from outbox.routes import RouteTable
+from outbox.settings import Settings
 from outbox.timewindow import glob_to_like, parse_instant
 
 ReplayableStatus = Literal["failed_retryable", "failed_final", "quarantined", "processing"]
@@ -97,8 +102,10 @@ class Stale:
     report: ReplayReport
 
 
-def plan(conn: Connection, request: ReplayRequest, routes: RouteTable) -> ReplayReport:
-    """What `request` would do right now."""
+def plan(
+    conn: Connection, request: ReplayRequest, routes: RouteTable, *, secret: bytes
+) -> ReplayReport:
+    """What `request` would do right now, with a token signed under `secret`."""
     rows = (
         conn.execute(
             q.REPLAY_CANDIDATES,
@@ -133,25 +140,28 @@ def plan(conn: Connection, request: ReplayRequest, routes: RouteTable) -> Replay
         skipped=skipped,
         by_event_type=dict(by_event_type),
         by_target=dict(by_target),
-        confirm=confirm_token(request.filter_document(), to_replay),
+        confirm=confirm_token(secret, request.filter_document(), to_replay),
     )
 
 
-def dry_run(engine: Engine, request: ReplayRequest, routes: RouteTable) -> ReplayReport:
+def dry_run(
+    engine: Engine, request: ReplayRequest, routes: RouteTable, *, secret: bytes
+) -> ReplayReport:
     with engine.connect() as conn:
-        return plan(conn, request, routes)
+        return plan(conn, request, routes, secret=secret)
 
 
 def execute(
-    engine: Engine, request: ReplayRequest, routes: RouteTable, by: str
+    engine: Engine, request: ReplayRequest, routes: RouteTable, by: str, *, secret: bytes
 ) -> Executed | Stale:
     """Replay the set the dry run showed, or nothing when it changed."""
     with engine.begin() as conn:
-        candidate = plan(conn, request, routes)
+        candidate = plan(conn, request, routes, secret=secret)
         # Lock, then look again: the set is what it is while we hold the rows.
         conn.execute(q.LOCK_KEYS, {"keys": candidate.to_replay})
-        report = plan(conn, request, routes)
-        if report.confirm != request.confirm:
+        report = plan(conn, request, routes, secret=secret)
+        # Constant time: the token is a MAC now, and a timing leak would let it be guessed.
+        if not hmac.compare_digest(report.confirm, request.confirm or ""):
             return Stale(report)
         if report.to_replay:
             conn.execute(lifecycle.RESET_FOR_REPLAY, {"keys": report.to_replay})
@@ -171,14 +181,30 @@ def execute(
     return Executed(replay_id, report)
 
 
-def confirm_token(filter_document: dict[str, Any], to_replay: list[str]) -> str:
-    """Binds a filter to the exact set of keys it selected."""
+def confirm_secret(settings: Settings) -> bytes:
+    """The key confirm tokens are signed with: from REPLAY_SECRET, else from OPERATOR_TOKEN.
+
+    It must be the same in every process that may take either step: a dry run on one receiver
+    replica is often confirmed through another, and `idem replay` runs the dry run and the
+    execution as two processes. So it comes from configuration, never from a per-process
+    random (which would refuse every such confirmation as stale). OPERATOR_TOKEN is there
+    wherever the HTTP paths are enabled; REPLAY_SECRET, when set, keeps tokens unforgeable even
+    by holders of the operator token. With neither, only the CLI can replay, and whoever runs
+    it holds the database URL. Derived under its own label, so the key is neither the token
+    itself nor the console's session key.
+    """
+    secret = settings.replay_secret or settings.operator_token
+    return hmac.new(secret.encode(), b"replay-confirm", hashlib.sha256).digest()
+
+
+def confirm_token(secret: bytes, filter_document: dict[str, Any], to_replay: list[str]) -> str:
+    """Binds a filter to the exact set of keys it selected, under the server's secret."""
     material = json.dumps(
         {"filter": filter_document, "keys": sorted(to_replay)},
         sort_keys=True,
         separators=(",", ":"),
     )
-    return "rp1_" + hashlib.sha256(material.encode()).hexdigest()[:40]
+    return "rp2_" + hmac.new(secret, material.encode(), hashlib.sha256).hexdigest()[:40]
 
 
 def _skip_reason(status: str, lease_live: bool) -> str | None:

@@ -14,7 +14,17 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from outbox.keys import normalize_text
+from outbox.provider_signatures import standard_key
 
 DAY = 86_400
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -66,6 +76,9 @@ class Route(BaseModel):
     # An exception the function did not raise on purpose: retried (a blip) or not (a bug).
     unexpected_error: Literal["transient", "permanent"] = "transient"
 
+    # Who may trigger this route: source names (case does not matter). Unset: any source.
+    sources: list[Annotated[str, Field(min_length=1)]] | None = None
+
     # Contract: events that break it are accepted, quarantined and never acted on.
     required_fields: list[str] = Field(default_factory=list)
     schema_file: Path | None = None
@@ -76,6 +89,28 @@ class Route(BaseModel):
     backoff_cap_seconds: float = Field(default=300.0, gt=0)
     # Stop retrying an hour after the first failure: past that, a person should look.
     retry_deadline_seconds: float = Field(default=3600.0, gt=0)
+
+    # Protecting the downstream (see docs/architecture.md, "Routes under load"), shared by every
+    # worker process and machine through PostgreSQL. Unset limits mean none.
+    # Attempts running at once for this route, across all workers.
+    max_in_flight: int | None = Field(default=None, ge=1, le=1000)
+    # Requests per second, evenly spaced; `burst` of them may go at once after a quiet spell.
+    rate_per_second: float | None = Field(default=None, gt=0, le=10_000)
+    burst: int = Field(default=1, ge=1, le=10_000)
+    # The circuit breaker: opens after this many transient failures in a row (or at once on a
+    # 429/503 whose Retry-After is longer than backoff_cap_seconds), waits the cool-down, then
+    # lets one probe through; each failed probe doubles the cool-down up to the cap. Five in a
+    # row is rare for a healthy downstream and costs little when it is down.
+    circuit_failure_threshold: int = Field(default=5, ge=1)
+    # Ten seconds: short enough that a blip is over in one probe, long enough to spare a
+    # downstream that is restarting; five minutes at most, like the backoff cap.
+    circuit_cooldown_seconds: float = Field(default=10.0, gt=0)
+    circuit_cooldown_cap_seconds: float = Field(default=300.0, gt=0)
+
+    @field_validator("sources")
+    @classmethod
+    def _normalized_sources(cls, names: list[str] | None) -> list[str] | None:
+        return None if names is None else [normalize_text(name).casefold() for name in names]
 
     @model_validator(mode="after")
     def _action_has_its_settings(self) -> Route:
@@ -88,6 +123,8 @@ class Route(BaseModel):
                 raise ValueError('`external_ref_pointer` is a JSON pointer such as "/id"')
         if self.reconcile_url is not None and self.action != "http":
             raise ValueError("`reconcile_url` belongs to an http route")
+        if self.circuit_cooldown_cap_seconds < self.circuit_cooldown_seconds:
+            raise ValueError("`circuit_cooldown_cap_seconds` must be >= `circuit_cooldown_seconds`")
         if self.schema_file is not None and not self.schema_file.is_file():
             raise ValueError(f"`schema_file` {self.schema_file} does not exist")
         return self
@@ -108,17 +145,88 @@ class Route(BaseModel):
     def ttl_seconds(self) -> float:
         return self.ttl_days * DAY
 
+    def allows(self, source: str) -> bool:
+        """Whether an event of the (normalized) `source` may trigger this route."""
+        return self.sources is None or source in self.sources
+
+
+SchemeName = Literal["hmac", "standard", "stripe", "github", "shopify"]
+
+# Where each scheme's providers put the event id and type, unless the source says otherwise.
+SCHEME_FIELDS: dict[str, tuple[str, str]] = {
+    "hmac": ("/id", "/type"),
+    "standard": ("header:webhook-id", "/type"),
+    "stripe": ("/id", "/type"),
+    "github": ("header:X-GitHub-Delivery", "header:X-GitHub-Event"),
+    "shopify": ("header:X-Shopify-Webhook-Id", "header:X-Shopify-Topic"),
+}
+_HEADER = "header:"
+
+
+def _check_location(value: str | None, name: str) -> None:
+    """A field's place: a JSON pointer into the body ("/data/id") or a header ("header:NAME")."""
+    if value is None or value.startswith("/"):
+        return
+    if value.startswith(_HEADER) and value[len(_HEADER) :].strip():
+        return
+    raise ValueError(f'`{name}` is a JSON pointer such as "/id" or "header:NAME"')
+
 
 class Source(BaseModel):
-    """A `[[sources]]` table: a webhook source that must sign its requests."""
+    """A `[[sources]]` table: a webhook source that must sign its requests, and where its
+    events' id and type are when it posts to `/v1/webhooks/{name}`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: Annotated[str, Field(min_length=1)]
-    secret: Annotated[str, Field(min_length=16)]
+    scheme: SchemeName = "hmac"
+    # One secret, or several (a rotation: every one is accepted until it is removed).
+    secret: Annotated[str, Field(min_length=16)] | None = None
+    secrets: list[Annotated[str, Field(min_length=16)]] = Field(default_factory=list)
+    # `hmac` only: the header names.
     signature_header: str = "X-Idem-Signature"
     timestamp_header: str = "X-Idem-Timestamp"
-    tolerance_seconds: int = Field(default=300, ge=1)
+    # Unset: SIGNATURE_TOLERANCE_SECONDS.
+    tolerance_seconds: int | None = Field(default=None, ge=1)
+    # `/v1/webhooks/{name}`: JSON pointers into the body, or "header:NAME".
+    event_id: str | None = None
+    event_type: str | None = None
+    external_id: str | None = None  # default: the event id
+    version: str | None = None
+
+    @model_validator(mode="after")
+    def _signs_and_locates(self) -> Source:
+        if not self.all_secrets:
+            raise ValueError("a source needs `secret` or `secrets`")
+        if self.scheme != "hmac" and (
+            self.signature_header != "X-Idem-Signature"
+            or self.timestamp_header != "X-Idem-Timestamp"
+        ):
+            raise ValueError("only an `hmac` source names its own signature headers")
+        for name in ("event_id", "event_type", "external_id", "version"):
+            _check_location(getattr(self, name), name)
+        if self.scheme == "standard":
+            for secret in self.all_secrets:
+                standard_key(secret)
+        return self
+
+    @property
+    def key(self) -> str:
+        """The normalized name events and routes refer to."""
+        return normalize_text(self.name).casefold()
+
+    @property
+    def all_secrets(self) -> tuple[str, ...]:
+        found = ([self.secret] if self.secret else []) + self.secrets
+        return tuple(dict.fromkeys(found))
+
+    @property
+    def event_id_at(self) -> str:
+        return self.event_id or SCHEME_FIELDS[self.scheme][0]
+
+    @property
+    def event_type_at(self) -> str:
+        return self.event_type or SCHEME_FIELDS[self.scheme][1]
 
 
 class RoutesFile(BaseModel):
@@ -133,7 +241,7 @@ class RouteTable:
 
     def __init__(self, routes: list[Route], sources: list[Source] | None = None) -> None:
         self.routes = routes
-        self.sources = {s.name.strip().casefold(): s for s in sources or []}
+        self.sources = {s.key: s for s in sources or []}
         self._exact = {r.match.casefold(): r for r in reversed(routes) if not _is_glob(r.match)}
         self._globs = [r for r in routes if _is_glob(r.match)]
         self._by_label = {r.label: r for r in reversed(routes)}

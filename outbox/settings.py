@@ -48,7 +48,16 @@ class Settings(BaseSettings):
     # The worker. A lease long enough for a slow CRM call, short enough that a crashed
     # worker's key is recovered within a minute.
     lease_seconds: int = Field(default=30, ge=1)
-    worker_concurrency: int = Field(default=2, ge=1)
+    # How a worker runs attempts. `threads`: many attempts in flight per process, for actions
+    # that spend their time waiting on a downstream (http); `prefork`: one process per attempt,
+    # for python actions that need process isolation (a crash takes only its own attempt).
+    worker_pool: Literal["threads", "prefork"] = "threads"
+    # Attempts in flight per worker: threads per process, or processes under prefork. Unset:
+    # 32 threads (a 100 ms downstream then allows ~300 attempts/s per process), or 2 processes.
+    worker_concurrency: int | None = Field(default=None, ge=1)
+    # Connections each worker process (each prefork child) keeps for claims, finishes and lease
+    # renewals: statements of about a millisecond, so a few serve dozens of attempts in flight.
+    worker_db_pool_size: int = Field(default=4, ge=1, le=50)
     # How long the broker keeps an unacknowledged message before giving it to another
     # worker; far above any lease so a running task is not handed out twice by Redis.
     visibility_timeout: int = Field(default=3600, ge=1)
@@ -85,12 +94,35 @@ class Settings(BaseSettings):
     claims_token: str = ""
 
     # The operator API's bearer token. Unset: the operator endpoints answer 503 (never open).
+    # At least 32 characters (outbox/tokens.py), or the processes refuse to start.
     operator_token: str = ""
+    # Signs replay confirm tokens (HMAC), so only a dry run can issue one. Unset: derived from
+    # operator_token. The same value on every receiver and wherever `idem replay` runs.
+    replay_secret: str = ""
+    # The bearer token of the receiver's /metrics. Unset: /metrics answers loopback clients only.
+    metrics_token: str = ""
+    # Failed bearer tokens and console sign-ins allowed per client address within the window,
+    # then 429 until the oldest leaves it: a handful of typos pass, guessing does not.
+    auth_failure_limit: int = Field(default=10, ge=1)
+    auth_failure_window_seconds: float = Field(default=300.0, gt=0)
+    # /docs, /redoc and /openapi.json: off in production (they map the attack surface), on
+    # under `idem dev`.
+    api_docs: bool = False
     # Worker metrics (Prometheus) are served on this port by the worker's main process.
     worker_metrics_port: int = Field(default=9808, ge=0)
 
+    # The relay and the sweeper touch this file on every turn of their loop; `idem alive`
+    # checks that it is recent (container healthchecks). Unset: no file.
+    heartbeat_file: Path | None = None
+
     log_format: Literal["json", "console"] = "json"
     log_level: str = "INFO"
+
+    def concurrency(self) -> int:
+        """Attempts in flight per worker, by pool."""
+        if self.worker_concurrency is not None:
+            return self.worker_concurrency
+        return 32 if self.worker_pool == "threads" else 2
 
     def sqlalchemy_url(self) -> str:
         """The database URL with the psycopg 3 driver named, whatever form it was given in."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine
 
 from outbox import queries
+from outbox.heartbeat import Heartbeat
 from outbox.intake import PROCESS_TASK
 from outbox.logs import get_logger
 from outbox.purge import purge
@@ -76,7 +77,9 @@ def run_sweeper(settings: Settings, engine: Engine, stop: threading.Event) -> No
         interval_seconds=settings.sweep_interval_seconds,
         grace_seconds=settings.sweep_grace_seconds,
     )
+    heartbeat = Heartbeat(settings.heartbeat_file)
     while not stop.is_set():
+        heartbeat.beat()
         try:
             report = sweep_once(engine, settings)
         except Exception as error:

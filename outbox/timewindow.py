@@ -7,14 +7,22 @@ from datetime import UTC, datetime, timedelta
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+# The longest duration a filter may name: a century reaches past anything the gateway keeps
+# (keys expire after a TTL counted in days) and stays far inside the calendar's range, so
+# "that long ago" can never overflow into a 500.
+MAX_DURATION = timedelta(days=36_525)
 
 
 def parse_duration(value: str) -> timedelta:
-    """`90s`, `5m`, `2h`, `7d`, `1w` as a duration."""
+    """`90s`, `5m`, `2h`, `7d`, `1w` as a duration, at most `MAX_DURATION`."""
     match = _RELATIVE.match(value)
     if match is None:
         raise ValueError(f"{value!r} is not a duration such as 30s, 5m, 2h or 7d")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    # Written so that an overflow to infinity (a number of 400 digits) fails it too.
+    if not seconds <= MAX_DURATION.total_seconds():
+        raise ValueError(f"{value!r} is longer than {MAX_DURATION.days} days")
+    return timedelta(seconds=seconds)
 
 
 def parse_instant(value: str, now: datetime | None = None) -> datetime:

@@ -15,6 +15,9 @@ from outbox.settings import Settings
 
 # How far above a lease plus one renewal interval the visibility timeout must be.
 VISIBILITY_MARGIN = 2
+# What a stopping worker needs after its last action may have started, beyond the lease and
+# one renewal interval: a few seconds to record the outcome and acknowledge the message.
+STOP_GRACE_MARGIN_SECONDS = 5
 
 
 class TimingError(Exception):
@@ -40,6 +43,15 @@ def timing_problems(settings: Settings, routes: RouteTable) -> list[str]:
                 f"({route.read_timeout_seconds:g}) must stay below LEASE_SECONDS={lease}"
             )
     return problems
+
+
+def minimum_stop_grace(lease_seconds: float) -> float:
+    """The shortest time a supervisor should give a worker between SIGTERM and SIGKILL.
+
+    A warm shutdown waits for the running attempt, which holds at most one lease (an http
+    action's timeouts stay below it) and may have just renewed; killing it earlier cuts a call
+    midway and leaves an uncertain outcome to reconcile."""
+    return lease_seconds + lease_seconds / 3 + STOP_GRACE_MARGIN_SECONDS
 
 
 def check_timing(settings: Settings, routes: RouteTable) -> None:

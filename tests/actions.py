@@ -47,3 +47,8 @@ def effect_then_hang(ctx: ActionContext) -> None:
     """Act, then never return and ignore the cancel flag (a call stuck without a timeout)."""
     _effect(ctx)
     threading.Event().wait()
+
+
+def echo_payload(ctx: ActionContext) -> ActionResult:
+    """Answer with the event's payload as the result (so the result carries its values)."""
+    return ActionResult(result=dict(ctx.payload))

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,10 +26,18 @@ from sqlalchemy import make_url
 from outbox.embedded import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
-OPERATOR_TOKEN = "test-operator-token"
+# At least 32 characters, or the receiver refuses to start.
+OPERATOR_TOKEN = "test-operator-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 CLAIMS_TOKEN = "test-claims-token-0123456789abcdef-xyz"
 WEBHOOK_SECRET = "whsec_test_0123456789abcdef"
+# The providers' sources in the test routes file (`write_routes`): name -> (scheme, secret).
+PROVIDER_SECRETS = {
+    "acme": ("standard", "whsec_dGVzdCBrZXkgYnl0ZXMgZm9yIGFjbWUgaG9va3M="),
+    "stripe": ("stripe", "whsec_stripe_test_0123456789"),
+    "github": ("github", "github-test-secret-0123456789"),
+    "shopify": ("shopify", "shopify-test-secret-0123456789"),
+}
 
 
 def wait_until(condition: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1) -> Any:
@@ -116,6 +124,9 @@ class Downstream:
     # `lookup_failure(key, lookup_number)`: a status to answer a lookup with instead (a 503).
     lookup_failure: Callable[[str, int], int | None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Requests being handled right now (POSTs and lookups), and the most there ever were.
+    in_flight: int = 0
+    peak_in_flight: int = 0
 
     def reset(self) -> None:
         with self.lock:
@@ -125,6 +136,18 @@ class Downstream:
             self.lookups.clear()
             self.behaviour = None
             self.lookup_failure = None
+            self.peak_in_flight = self.in_flight
+
+    @contextlib.contextmanager
+    def _handling(self) -> Iterator[None]:
+        with self.lock:
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.in_flight -= 1
 
     @property
     def url(self) -> str:
@@ -157,6 +180,14 @@ class Downstream:
                 self.wfile.write(payload)
 
             def do_GET(self) -> None:
+                with downstream._handling():
+                    self._get()
+
+            def do_POST(self) -> None:
+                with downstream._handling():
+                    self._post()
+
+            def _get(self) -> None:
                 # Any collection prefix: `/tasks/by-key/{key}`, `/api/tasks/by-key/{key}`.
                 _, found, rest = self.path.partition("/tasks/by-key/")
                 if not found:
@@ -176,7 +207,7 @@ class Downstream:
                 else:
                     self._answer(200, {"id": ref}, {})
 
-            def do_POST(self) -> None:
+            def _post(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"null")
                 key = self.headers.get("idempotency-key", "")
@@ -259,6 +290,16 @@ read_timeout_seconds = 1
 connect_timeout_seconds = 1
 
 [[routes]]
+match = "wait.*"
+name = "wait"
+action = "http"
+url = "{downstream_url}/tasks"
+external_ref_pointer = "/id"
+reconcile_url = "{downstream_url}/tasks/by-key/{{key}}"
+read_timeout_seconds = 3
+connect_timeout_seconds = 1
+
+[[routes]]
 match = "odd.result"
 name = "odd-result"
 action = "python"
@@ -282,10 +323,56 @@ backoff_base_seconds = 0.2
 backoff_cap_seconds = 0.5
 
 [[routes]]
+match = "payment.*"
+name = "payments"
+action = "noop"
+sources = ["signed"]
+
+[[routes]]
+match = "invoice.*"
+name = "acme-invoices"
+action = "http"
+url = "{downstream_url}/tasks"
+read_timeout_seconds = 1
+connect_timeout_seconds = 1
+sources = ["acme"]
+
+[[routes]]
+match = "payment_intent.*"
+name = "stripe-payments"
+action = "http"
+url = "{downstream_url}/tasks"
+read_timeout_seconds = 1
+connect_timeout_seconds = 1
+sources = ["stripe"]
+
+[[routes]]
+match = "issues"
+name = "github-issues"
+action = "http"
+url = "{downstream_url}/tasks"
+read_timeout_seconds = 1
+connect_timeout_seconds = 1
+sources = ["github"]
+
+[[routes]]
+match = "orders/*"
+name = "shopify-orders"
+action = "http"
+url = "{downstream_url}/tasks"
+read_timeout_seconds = 1
+connect_timeout_seconds = 1
+sources = ["shopify"]
+
+[[routes]]
 match = "*"
 name = "default"
 action = "noop"
-""",
+"""
+        + "".join(
+            f'\n[[sources]]\nname = "{name}"\nscheme = "{scheme}"\nsecrets = ["{secret}"]\n'
+            for name, (scheme, secret) in PROVIDER_SECRETS.items()
+        ),
         encoding="utf-8",
     )
     return path
@@ -316,6 +403,9 @@ class Stack:
             SWEEP_GRACE_SECONDS="2",
             OPERATOR_TOKEN=OPERATOR_TOKEN,
             CLAIMS_TOKEN=CLAIMS_TOKEN,
+            # The shared stack sees every test's deliberate wrong tokens from one address;
+            # the throttle itself is tested on a receiver of its own.
+            AUTH_FAILURE_LIMIT="100000",
             WEBHOOK_SECRETS=f"signed={WEBHOOK_SECRET}",
             PYTHONPATH=str(ROOT),
         )
@@ -338,10 +428,12 @@ class Stack:
     def start_relay(self, name: str = "relay") -> None:
         self._spawn(name, ["-m", "outbox.cli", "relay"])
 
-    def start_worker(self, name: str = "worker", concurrency: int = 2) -> None:
+    def start_worker(self, name: str = "worker", concurrency: int | None = None) -> None:
+        """A worker with the default pool (WORKER_POOL in extra_env chooses another)."""
         self.metrics_ports[name] = free_port()
         self.extra_env["WORKER_METRICS_PORT"] = str(self.metrics_ports[name])
-        process = self._spawn(name, ["-m", "worker", "--concurrency", str(concurrency)])
+        flags = ["--concurrency", str(concurrency)] if concurrency else []
+        process = self._spawn(name, ["-m", "worker", *flags])
         # The metrics port opens just before Celery starts consuming.
         wait_for_port(self.metrics_ports[name], process, timeout=30)
 
@@ -479,3 +571,38 @@ def proxied_database(database_url: str) -> tuple[TcpProxy, str]:
         proxy = TcpProxy(url.port or 5432, url.host or "127.0.0.1").start()
     proxied = url.set(host="127.0.0.1", port=proxy.port).difference_update_query(["host"])
     return proxy, proxied.render_as_string(hide_password=False)
+
+
+FINAL_STATUSES = ("succeeded", "failed_final", "quarantined")
+
+
+def key_state(stack: Stack, key: str) -> dict[str, Any]:
+    """`GET /v1/events/{key}` as a workflow reads it."""
+    with stack.client() as client:
+        answer = client.get(f"/v1/events/{key}")
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+def finished(stack: Stack, key: str, timeout: float = 60) -> dict[str, Any]:
+    """Wait until the key reaches a final status; return its state."""
+
+    def final() -> dict[str, Any] | None:
+        state = key_state(stack, key)
+        return state if state["status"] in FINAL_STATUSES else None
+
+    result: dict[str, Any] = wait_until(final, timeout=timeout)
+    return result
+
+
+def claim(stack: Stack, key: str, **extra: Any) -> httpx.Response:
+    """`POST /v1/claims` with the claims token."""
+    with stack.client() as client:
+        return client.post("/v1/claims", json={"key": key, **extra})
+
+
+def claim_call(stack: Stack, key: str, action: str, body: dict[str, Any]) -> httpx.Response:
+    """`POST /v1/claims/{key}/{heartbeat|complete|fail}` with the claims token."""
+    with stack.client() as client:
+        return client.post(f"/v1/claims/{key}/{action}", json=body)

@@ -1,48 +1,93 @@
-"""`python -m worker`: start the Celery worker with the environment's settings."""
+"""`python -m worker`: start the Celery worker with the environment's settings.
+
+The exit status tells a supervisor whether to start the worker again: 0 only after a shutdown
+signal (SIGTERM, SIGINT, SIGQUIT), non-zero whenever Celery stopped by itself. Celery's own
+`worker_main` returns normally after an "Unrecoverable error" (a broker that restarted, failed
+over or answered an error), so without this a worker under `Restart=on-failure` stays down.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import threading
+from typing import Any
+
+from sqlalchemy.exc import OperationalError
 
 from worker import metrics
 
 # Before anything imports prometheus_client: pool processes write their counters there.
 metrics.prepare_directory()
 
+from celery import signals  # noqa: E402
+
+from outbox.connections import ConnectionBudgetError, check_budget, worker_budget  # noqa: E402
+from outbox.db import create_sync_engine  # noqa: E402
 from outbox.logs import get_logger  # noqa: E402
 from outbox.publisher import TASK_QUEUE  # noqa: E402
 from outbox.routes import RoutesError  # noqa: E402
-from outbox.settings import get_settings  # noqa: E402
+from outbox.settings import Settings, get_settings  # noqa: E402
 from outbox.timing import TimingError  # noqa: E402
 from worker.app import create_worker_app  # noqa: E402
+
+# The status of a worker that stopped without being asked to (EX_SOFTWARE, sysexits.h).
+EXIT_STOPPED_BY_ITSELF = 70
+
+log = get_logger("worker")
+
+
+def exit_status(celery_status: object, asked_to_stop: bool) -> int:
+    """The process's exit status from Celery's and whether a shutdown signal came first.
+
+    Celery reports an unrecoverable error as 1, a remote shutdown as its message (a string),
+    and a signalled shutdown as 0; a 0 without a signal is a stop nobody asked for.
+    """
+    if isinstance(celery_status, int) and not isinstance(celery_status, bool):
+        if celery_status != 0:
+            return celery_status
+    elif celery_status is not None:
+        return 1
+    return 0 if asked_to_stop else EXIT_STOPPED_BY_ITSELF
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="idem worker")
     parser.add_argument("--concurrency", type=int, default=None)
-    parser.add_argument("--pool", default="prefork")
+    parser.add_argument("--pool", choices=["threads", "prefork"], default=None)
     args = parser.parse_args(argv)
-    settings = get_settings()
+    overrides: dict[str, Any] = {}
+    if args.pool:
+        overrides["worker_pool"] = args.pool
+    if args.concurrency:
+        overrides["worker_concurrency"] = args.concurrency
+    settings = get_settings().model_copy(update=overrides)
     try:
         app = create_worker_app(settings)
-    except (RoutesError, TimingError) as error:
+        _check_connections(settings)
+    except (RoutesError, TimingError, ConnectionBudgetError) as error:
         print(f"idem: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     if settings.worker_metrics_port:
         served = metrics.serve(settings.worker_metrics_port)
-        get_logger("worker").info(
-            "worker.metrics", port=settings.worker_metrics_port, served=served
-        )
-    app.worker_main(
+        log.info("worker.metrics", port=settings.worker_metrics_port, served=served)
+
+    asked = threading.Event()
+
+    @signals.worker_shutting_down.connect(weak=False)  # type: ignore[untyped-decorator]
+    def _asked_to_stop(sig: str | None = None, **_: Any) -> None:
+        asked.set()
+
+    # `start`, not `worker_main`: the latter drops the worker's exit code.
+    celery_status = app.start(
         [
             "worker",
             "--queues",
             TASK_QUEUE,
             "--concurrency",
-            str(args.concurrency or settings.worker_concurrency),
+            str(settings.concurrency()),
             "--pool",
-            args.pool,
+            settings.worker_pool,
             "--loglevel",
             settings.log_level,
             "--hostname",
@@ -53,6 +98,25 @@ def main(argv: list[str] | None = None) -> None:
             "--without-gossip",
         ]
     )
+    status = exit_status(celery_status, asked.is_set())
+    if not asked.is_set():
+        log.error("worker.stopped_by_itself", celery_status=str(celery_status), exit_status=status)
+    raise SystemExit(status)
+
+
+def _check_connections(settings: Settings) -> None:
+    """Exit 2 before consuming anything when this worker's pools cannot fit the server."""
+    budget = worker_budget(
+        settings.worker_pool, settings.concurrency(), settings.worker_db_pool_size
+    )
+    engine = create_sync_engine(settings, pool_size=1, max_overflow=0)
+    try:
+        check_budget(engine, budget)
+    except OperationalError as error:
+        # The database may come later; the worker waits for it like for any outage.
+        get_logger("worker").warning("connections.unchecked", error=type(error.orig).__name__)
+    finally:
+        engine.dispose()
 
 
 if __name__ == "__main__":

@@ -10,11 +10,13 @@ setup stays in charge. Retries never use countdown/ETA: they wait in the outbox.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from celery import Celery, signals
+from sqlalchemy import Engine
 
 from outbox.db import create_sync_engine
 from outbox.intake import PROCESS_TASK
@@ -25,6 +27,7 @@ from outbox.settings import Settings
 from outbox.timing import check_timing
 from worker import metrics
 from worker.attempt import run_attempt
+from worker.guard import RouteGuard
 from worker.store import KeyStore
 
 
@@ -35,20 +38,44 @@ class Runtime:
     settings: Settings
     routes: RouteTable
     _store: KeyStore | None = None
+    _guard: RouteGuard | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def store(self) -> KeyStore:
-        if self._store is None:
-            # The task thread and the lease keeper each need a connection. No pre-ping: the
-            # store retries a statement once on a connection found dead instead.
-            engine = create_sync_engine(self.settings, pool_size=2, pre_ping=False, autocommit=True)
-            self._store = KeyStore(engine)
-        return self._store
+        store = self._store
+        if store is None:
+            with self._lock:  # the threads pool's first tasks arrive together
+                if self._store is None:
+                    self._store = KeyStore(self._engine())
+                    self._guard = RouteGuard(self._store)
+                store = self._store
+        return store
+
+    def guard(self) -> RouteGuard:
+        """The routes' shared state, through this process's store."""
+        self.store()
+        assert self._guard is not None
+        return self._guard
+
+    def _engine(self) -> Engine:
+        """A bounded pool, whatever the concurrency: attempts in flight and the lease keeper
+        share a few connections (plus one overflow) for their millisecond statements; an
+        attempt that waits too long for one is still bounded by its own view of the lease.
+        No pre-ping: the store retries a statement once on a connection found dead instead."""
+        return create_sync_engine(
+            self.settings,
+            pool_size=self.settings.worker_db_pool_size,
+            max_overflow=1,
+            pre_ping=False,
+            autocommit=True,
+        )
 
     def reset_after_fork(self) -> None:
         if self._store is not None:
             # Connections inherited from the parent belong to it; forget them without closing.
             self._store.engine.dispose(close=False)
             self._store = None
+            self._guard = None
 
 
 def create_worker_app(settings: Settings) -> Celery:
@@ -80,7 +107,11 @@ def create_worker_app(settings: Settings) -> Celery:
             structlog.contextvars.bind_contextvars(correlation_id=correlation_id)
         try:
             return run_attempt(
-                runtime.store(), runtime.routes, key, lease_seconds=settings.lease_seconds
+                runtime.store(),
+                runtime.routes,
+                key,
+                lease_seconds=settings.lease_seconds,
+                guard=runtime.guard(),
             )
         finally:
             structlog.contextvars.clear_contextvars()

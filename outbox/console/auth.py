@@ -1,20 +1,28 @@
 """Signing in and out of the console, and the gate every other page goes through.
 
 With OPERATOR_TOKEN unset the console is disabled (503 everywhere). Otherwise a page needs a
-valid session cookie (else 303 to the sign-in page), and a state-changing POST also needs the
-session's CSRF token (else 403, nothing changed).
+valid session cookie that was not signed out (else 303 to the sign-in page), and a
+state-changing POST also needs the session's CSRF token (else 403, nothing changed). Failed
+sign-ins count against the client's address with the operator API's failed tokens: past the
+limit, sign-in answers 429 with Retry-After (outbox/access.py). Signing out revokes the session
+in the database, so a copy of the cookie stops working too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from sqlalchemy import Engine
 from starlette.datastructures import FormData
 
+from outbox.access import FailureThrottle, client_address
 from outbox.console.forms import read_form
 from outbox.console.pages import base_path, message_page, render, stylesheet_response
+from outbox.console.revocations import is_revoked, revoke
 from outbox.console.session import (
     COOKIE_NAME,
     SESSION_SECONDS,
@@ -32,8 +40,12 @@ log = get_logger(__name__)
 class Gate:
     """Decides, for each request, between the page and disabled / sign in / forbidden."""
 
-    def __init__(self, operator_token: str) -> None:
+    def __init__(
+        self, operator_token: str, engine: Callable[[], Engine], throttle: FailureThrottle
+    ) -> None:
         self.token = operator_token
+        self.engine = engine
+        self.throttle = throttle
 
     def disabled(self, request: Request) -> HTMLResponse:
         return message_page(
@@ -50,19 +62,23 @@ class Gate:
             target += "?" + urlencode({"next": here})
         return RedirectResponse(target, status_code=303)
 
-    def session(self, request: Request) -> Session | None:
-        return verify(self.token, request.cookies.get(COOKIE_NAME))
+    async def session(self, request: Request) -> Session | None:
+        """The request's session: signed, unexpired and not signed out."""
+        found = verify(self.token, request.cookies.get(COOKIE_NAME))
+        if found is None or await run_in_threadpool(is_revoked, self.engine(), found.value):
+            return None
+        return found
 
-    def page(self, request: Request) -> Session | Response:
+    async def page(self, request: Request) -> Session | Response:
         """The caller's session, or the answer to give instead (disabled, or sign in)."""
         if not self.token:
             return self.disabled(request)
-        found = self.session(request)
+        found = await self.session(request)
         return found if found is not None else self.to_sign_in(request)
 
     async def post(self, request: Request) -> tuple[Session, FormData] | Response:
         """A state-changing POST: a session, then its CSRF token (403 without)."""
-        found = self.page(request)
+        found = await self.page(request)
         if isinstance(found, Response):
             return found
         form = await read_form(request)
@@ -108,7 +124,7 @@ def add_auth_routes(router: APIRouter, gate: Gate) -> None:
         if not gate.token:
             return gate.disabled(request)
         next_page = safe_next(request, request.query_params.get("next"))
-        if gate.session(request) is not None:
+        if await gate.session(request) is not None:
             return RedirectResponse(next_page, status_code=303)
         notice = "You are signed out." if request.query_params.get("signed_out") else None
         return render(
@@ -120,11 +136,24 @@ def add_auth_routes(router: APIRouter, gate: Gate) -> None:
         # No CSRF token here: there is no session yet, and the operator token is the proof.
         if not gate.token:
             return gate.disabled(request)
+        address = client_address(request)
+        wait = gate.throttle.retry_after(address)
+        if wait is not None:
+            log.warning("console.sign_in_throttled", client=address, retry_after=wait)
+            page = message_page(
+                request,
+                429,
+                "Too many attempts",
+                f"Too many failed sign-ins from your address. Try again in {wait} seconds.",
+            )
+            page.headers["Retry-After"] = str(wait)
+            return page
         form = await read_form(request)
         given = form.get("token")
         next_page = safe_next(request, str(form.get("next") or ""))
         if not isinstance(given, str) or not token_matches(gate.token, given):
-            log.warning("console.sign_in_refused")
+            gate.throttle.failed(address)
+            log.warning("console.sign_in_refused", client=address)
             return render(
                 request,
                 "sign_in.html",
@@ -142,7 +171,7 @@ def add_auth_routes(router: APIRouter, gate: Gate) -> None:
             httponly=True,
             samesite="strict",
         )
-        log.info("console.signed_in")
+        log.info("console.signed_in", client=address)
         return response
 
     @router.post("/sign-out")
@@ -150,6 +179,9 @@ def add_auth_routes(router: APIRouter, gate: Gate) -> None:
         checked = await gate.post(request)
         if isinstance(checked, Response):
             return checked
+        session, _ = checked
+        await run_in_threadpool(revoke, gate.engine(), session.value, session.expires_at)
+        log.info("console.signed_out", client=client_address(request))
         response = RedirectResponse(f"{base_path(request)}/sign-in?signed_out=1", status_code=303)
         response.delete_cookie(
             COOKIE_NAME,

@@ -17,12 +17,10 @@ from urllib.parse import urlencode
 from fastapi import Request
 from pydantic import ValidationError
 from starlette.datastructures import FormData
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from outbox import deadletters, replay
 from outbox.timewindow import parse_instant
 
-MAX_FORM_BYTES = 512 * 1024  # room for a replay of 1000 keys; refused early beyond
 PAGE_SIZE = 50
 DEAD_LETTER_KINDS = ("permanent", "retries_exhausted", "quarantined")
 DEAD_LETTER_STATES = ("open", "replayed", "discarded")
@@ -40,11 +38,9 @@ def digits(value: str | None) -> int | None:
 
 
 async def read_form(request: Request) -> FormData:
-    """A posted form, bounded in size and field count, without file uploads."""
-    declared = digits(request.headers.get("content-length"))
-    if declared is not None and declared > MAX_FORM_BYTES:
-        raise StarletteHTTPException(413, "The form is too large.")
-    return await request.form(max_files=0, max_fields=1100, max_part_size=MAX_FORM_BYTES)
+    """A posted form, bounded in field count, without file uploads; its size is bounded by
+    MAX_BODY_BYTES like every body (outbox/limits.py)."""
+    return await request.form(max_files=0, max_fields=1100)
 
 
 def strings(form: FormData) -> Callable[[str], list[str]]:

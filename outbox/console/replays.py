@@ -71,11 +71,15 @@ def _report_page(
 
 
 def add_replay_routes(
-    router: APIRouter, gate: Gate, routes: RouteTable, engine: Callable[[], Engine]
+    router: APIRouter,
+    gate: Gate,
+    routes: RouteTable,
+    engine: Callable[[], Engine],
+    secret: bytes,
 ) -> None:
     @router.get("/replays")
     async def replay_form(request: Request) -> Response:
-        session = gate.page(request)
+        session = await gate.page(request)
         if isinstance(session, Response):
             return session
         form = ReplayForm(request.query_params.getlist)
@@ -94,7 +98,7 @@ def add_replay_routes(
             wanted = form.request()
         except ValidationError as error:
             return _form_page(request, session, form, validation_messages(error), 422)
-        report = await run_in_threadpool(replay.dry_run, engine(), wanted, routes)
+        report = await run_in_threadpool(replay.dry_run, engine(), wanted, routes, secret=secret)
         return _report_page(request, session, form, report)
 
     @router.post("/replays/confirm")
@@ -109,7 +113,9 @@ def add_replay_routes(
             wanted = form.request(confirm=confirm or None)
         except ValidationError as error:
             return _form_page(request, session, form, validation_messages(error), 422)
-        outcome = await run_in_threadpool(replay.execute, engine(), wanted, routes, OPERATOR)
+        outcome = await run_in_threadpool(
+            replay.execute, engine(), wanted, routes, OPERATOR, secret=secret
+        )
         if isinstance(outcome, replay.Stale):
             log.info("replay.stale", by=OPERATOR)
             return _report_page(request, session, form, outcome.report, stale=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import Stack, envelope, query
+from tests.support import AUTH, Stack, envelope, query
 
 MALFORMED: list[tuple[str, Any, dict[str, str], int, str]] = [
     ("not json", b"{nope", {}, 400, "invalid_json"),
@@ -40,6 +40,20 @@ MALFORMED: list[tuple[str, Any, dict[str, str], int, str]] = [
     (
         "boolean external id",
         json.dumps({**envelope("a"), "external_id": True}).encode(),
+        {},
+        422,
+        "invalid_envelope",
+    ),
+    (
+        "number overflowing a double",
+        json.dumps(envelope("a")).replace('"Ada"', "1e400").encode(),
+        {},
+        422,
+        "invalid_envelope",
+    ),
+    (
+        "negative number overflowing a double",
+        json.dumps(envelope("a")).replace('"Ada"', "[-1e400]").encode(),
         {},
         422,
         "invalid_envelope",
@@ -131,3 +145,56 @@ def test_unknown_path_and_method_are_problem_documents(stack: Stack) -> None:
         wrong = client.delete("/v1/events")
     assert (missing.status_code, missing.json()["error"]) == (404, "not_found")
     assert (wrong.status_code, wrong.json()["error"]) == (405, "method_not_allowed")
+
+
+def _raw_post(stack: Stack, path: str, text: str) -> Any:
+    with stack.client() as client:
+        return client.post(path, content=text, headers={"content-type": "application/json"})
+
+
+def test_claim_payload_or_result_overflowing_a_double_is_422_and_changes_nothing(
+    stack: Stack,
+) -> None:
+    """A claim payload or a claim result holding `1e400` (a JSON number no double holds) gets
+    422 invalid_request; no key is created and a held key stays as it was."""
+    refused = _raw_post(stack, "/v1/claims", '{"key": "k-inf", "payload": {"amount": 1e400}}')
+    assert refused.status_code == 422, refused.text
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.json()["error"] == "invalid_request"
+    assert query(stack.database_url, "SELECT count(*) FROM idempotency_keys") == [(0,)]
+
+    with stack.client() as client:
+        claimed = client.post("/v1/claims", json={"key": "k-held", "payload": {"amount": 1}})
+    assert claimed.status_code == 201, claimed.text
+    token = claimed.json()["lease_token"]
+    before = query(stack.database_url, "SELECT status, fence, result FROM idempotency_keys")
+    completed = _raw_post(
+        stack,
+        "/v1/claims/k-held/complete",
+        f'{{"lease_token": "{token}", "result": {{"total": [-1e400]}}}}',
+    )
+    assert completed.status_code == 422, completed.text
+    assert completed.json()["error"] == "invalid_request"
+    assert query(stack.database_url, "SELECT status, fence, result FROM idempotency_keys") == before
+
+
+@pytest.mark.parametrize(
+    "since",
+    ["1000000w", "9" * 400 + "s", "99999999999999999999d"],
+    ids=["a-million-weeks", "400-digits", "20-digit-days"],
+)
+def test_an_operator_time_filter_out_of_range_is_422(stack: Stack, since: str) -> None:
+    """A relative `since` too far back for a calendar (`1000000w`) gets 422 invalid_request from
+    the dead-letter list and the replay dry run alike, and no replay is recorded."""
+    with stack.client() as client:
+        listed = client.get("/v1/dead-letters", params={"since": since}, headers=AUTH)
+        replay = client.post(
+            "/v1/replays",
+            json={"statuses": ["failed_final"], "since": since},
+            headers={**AUTH, "X-Operator": "ops-alice"},
+        )
+    for answer in (listed, replay):
+        assert answer.status_code == 422, answer.text
+        assert answer.headers["content-type"] == "application/problem+json"
+        assert answer.json()["error"] == "invalid_request"
+    assert query(stack.database_url, "SELECT count(*) FROM replays") == [(0,)]

@@ -13,7 +13,17 @@ import pytest
 
 from tests.support import ROOT
 
-SECTIONS = ("machine", "ingest", "duplicates", "e2e", "relay", "growth", "memory", "checks")
+SECTIONS = (
+    "machine",
+    "ingest",
+    "duplicates",
+    "e2e",
+    "relay",
+    "growth",
+    "memory",
+    "webhooks",
+    "checks",
+)
 
 
 def _numbers(value: Any) -> list[float]:
@@ -67,4 +77,5 @@ def test_bench_smoke_writes_every_section(pg_admin_url: str, tmp_path: Path) -> 
         "4 relay",
         "5 growth",
         "6 memory",
+        "7 webhooks",
     }

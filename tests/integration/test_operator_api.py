@@ -3,6 +3,9 @@ metrics and readiness. Dead letters come from real failures at the fake downstre
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -255,6 +258,47 @@ def test_a_stale_confirm_token_gets_409_and_a_fresh_report(
         stack.database_url, "SELECT count(*) FROM idempotency_keys WHERE status = 'failed_final'"
     ) == [(2,)]
     assert query(stack.database_url, "SELECT count(*) FROM replays") == [(0,)]
+
+
+def _material(filter_document: dict[str, Any], keys: list[str]) -> bytes:
+    """What a confirm token binds: the filter and the sorted keys, as canonical JSON."""
+    document = {"filter": filter_document, "keys": sorted(keys)}
+    return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+
+
+def test_a_confirm_token_made_without_a_dry_run_is_refused(
+    stack: Stack, downstream: Downstream
+) -> None:
+    """A token computed from the filter and the keys alone (the unkeyed hash anyone can make)
+    or signed with another secret gets 409 replay_set_changed and replays nothing; the dry
+    run's token for the same set replays it."""
+    keys = _fail_permanently(stack, downstream, ["h1"])
+    downstream.behaviour = None
+    request = {"statuses": ["failed_final"]}
+    material = _material({"statuses": ["failed_final"], "limit": 100}, keys)
+    forged = [
+        "rp1_" + hashlib.sha256(material).hexdigest()[:40],
+        "rp2_" + hmac.new(b"guessed", material, hashlib.sha256).hexdigest()[:40],
+    ]
+    for token in forged:
+        refused = _post(stack, "/v1/replays", {**request, "dry_run": False, "confirm": token})
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"] == "replay_set_changed"
+        assert refused.json()["report"]["confirm"] not in forged
+    assert query(stack.database_url, "SELECT status FROM idempotency_keys") == [("failed_final",)]
+    assert query(stack.database_url, "SELECT count(*) FROM replays") == [(0,)]
+    assert query(stack.database_url, "SELECT resolution FROM dead_letters") == [("open",)]
+
+    token = _post(stack, "/v1/replays", request).json()["confirm"]
+    executed = _post(stack, "/v1/replays", {**request, "dry_run": False, "confirm": token})
+    assert executed.status_code == 200, executed.text
+    wait_until(
+        lambda: (
+            query(stack.database_url, "SELECT status FROM idempotency_keys") == [("succeeded",)]
+        ),
+        timeout=30,
+    )
+    assert downstream.effects == {keys[0]: 1}
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from outbox.keys import mask_key
-from tests.support import ROOT, query
+from tests.support import ROOT, query, seed_pending_key
 
 Idem = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -345,6 +345,28 @@ def test_replay_with_a_stale_token_exits_1_and_changes_nothing(
     assert count(db, "SELECT count(*) FROM dead_letters WHERE resolution = 'open'") == 2
 
 
+def test_the_confirm_token_is_signed_with_the_configured_secret(
+    own_database: str, idem: Idem
+) -> None:
+    """Dry run and execution are separate processes: a token from a dry run under another
+    REPLAY_SECRET is refused (exit 1, nothing replayed); under the same secret it replays."""
+    db = own_database
+    add_dead_letter(db, add_key(db, "lead", "failed_final"))
+    dry = ok_json(idem("replay", "--status", "failed_final", "--json", REPLAY_SECRET="first"))
+    other = idem(
+        "replay", "--status", "failed_final", "--confirm", dry["confirm"], REPLAY_SECRET="second"
+    )
+    assert other.returncode == 1 and "the set changed; nothing replayed" in other.stderr
+    assert count(db, "SELECT count(*) FROM replays") == 0
+    assert count(db, "SELECT count(*) FROM outbox") == 0
+    same = idem(
+        "replay", "--status", "failed_final", "--confirm", dry["confirm"], REPLAY_SECRET="first"
+    )
+    assert same.returncode == 0, same.stderr
+    assert count(db, "SELECT count(*) FROM idempotency_keys WHERE status = 'pending'") == 1
+    assert count(db, "SELECT count(*) FROM replays") == 1
+
+
 def test_replay_without_a_filter_is_refused(own_database: str, idem: Idem) -> None:
     """A replay naming no status, event type, window or key exits 2 with the model's message,
     as do an unknown status and --dry-run with --confirm; nothing is written."""
@@ -472,3 +494,26 @@ def test_stats_json_matches_the_rows(own_database: str, idem: Idem) -> None:
     assert text.returncode == 0, text.stderr
     for label in ("keys by status", "failed final", "open dead letters", "leases reclaimed"):
         assert label in text.stdout
+
+
+def test_routes_pause_resume_and_stuck_say_what_waits(idem: Idem, own_database: str) -> None:
+    """`idem routes pause` holds a route on record, `idem routes` shows it paused with its
+    backlog, `idem stuck` does not count its keys but says how many wait there, and
+    `idem routes resume` queues them."""
+    key = seed_pending_key(own_database, "held-1")
+    query(own_database, "UPDATE idempotency_keys SET updated_at = now() - interval '1 hour'")
+    assert idem("routes", "pause", "nope", "--reason", "x").returncode == 2
+    paused = ok_json(idem("routes", "pause", "crm", "--reason", "CRM upgrade", "--json"))
+    assert paused == {"name": "crm", "paused": True, "changed": True}
+    listed = {r["name"]: r for r in ok_json(idem("routes", "--json"))}
+    assert (listed["crm"]["state"], listed["crm"]["backlog"]) == ("paused", 1)
+    assert listed["crm"]["paused_by"] == "tester"
+    stuck = idem("stuck", "--older-than", "1m", "--json")
+    assert stuck.returncode == 0 and json.loads(stuck.stdout) == []
+    assert "1 keys wait on paused or open routes (crm 1)" in stuck.stderr
+    stats = ok_json(idem("stats", "--json"))
+    assert stats["routes"] == {"crm": {"state": "paused", "backlog": 1, "probe_in_seconds": 0.0}}
+    resumed = ok_json(idem("routes", "resume", "crm", "--json"))
+    assert resumed == {"name": "crm", "paused": False, "changed": True, "queued": 1}
+    assert query(own_database, "SELECT idempotency_key FROM outbox") == [(key,)]
+    assert idem("stuck", "--older-than", "1m").returncode == 1

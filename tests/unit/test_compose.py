@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
+ENV_EXAMPLE = ROOT / ".env.example"
 
 EXPECTED_SERVICES = {
     "postgres",
@@ -29,10 +30,16 @@ EXPECTED_SERVICES = {
     "sweeper",
     "flower",
 }
-LONG_RUNNING_APP_SERVICES = {"receiver", "relay", "worker"}
+LONG_RUNNING_APP_SERVICES = {"receiver", "relay", "worker", "sweeper"}
 SHARED_ENV_KEYS = {"DATABASE_URL", "REDIS_URL", "ROUTES_FILE", "LOG_FORMAT"}
 # Where the Dockerfile puts the build context inside the image.
 IMAGE_APP_DIR = "/app/"
+# Environment variables whose values are secrets: never written in compose.yaml.
+SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|BASIC_AUTH|(?:^|_)KEY$")
+# A compose interpolation: ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?message}, ${VAR?m}.
+INTERPOLATION = re.compile(
+    r"\$\{(?P<var>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +56,19 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return services
 
 
+def _project_image(services: dict[str, dict[str, Any]]) -> str:
+    """The image name of the one service that builds the project."""
+    builders = [svc for svc in services.values() if "build" in svc]
+    assert len(builders) == 1, "exactly one service builds the project's image"
+    assert builders[0]["build"] == "."
+    image = builders[0].get("image")
+    assert isinstance(image, str) and image, "the building service names its image"
+    return image
+
+
 def _project_services(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {name: svc for name, svc in services.items() if svc.get("build") == "."}
+    image = _project_image(services)
+    return {name: svc for name, svc in services.items() if svc.get("image") == image}
 
 
 def _depends_on(service: dict[str, Any]) -> dict[str, Any]:
@@ -193,24 +211,34 @@ def test_app_services_share_the_gateway_environment(services: dict[str, dict[str
     assert env["LOG_FORMAT"] == "json"
 
 
-def test_routes_file_ships_in_the_image(services: dict[str, dict[str, Any]]) -> None:
-    """ROUTES_FILE points at a file of the build context that .dockerignore lets into the image."""
-    routes = services["receiver"]["environment"]["ROUTES_FILE"]
-    assert routes.startswith(IMAGE_APP_DIR)
-    relative = routes.removeprefix(IMAGE_APP_DIR)
-    assert (ROOT / relative).is_file(), f"{relative} is missing from the repository"
-    assert not _ignored(relative)
+def test_routes_file_is_mounted_from_the_users_folder(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """ROUTES_FILE names a file bind-mounted read-only from the user's folder into every project
+    service (the image carries no routes; a missing file is an error, not an empty folder)."""
+    for name, service in _project_services(services).items():
+        target = service["environment"]["ROUTES_FILE"]
+        mounts = [v for v in service.get("volumes", []) if isinstance(v, dict)]
+        mount = next((m for m in mounts if m.get("target") == target), None)
+        assert mount is not None, f"{name}: {target} is not mounted"
+        assert mount["type"] == "bind" and mount.get("read_only") is True, name
+        assert mount.get("bind", {}).get("create_host_path") is False, name
+        assert not target.startswith(IMAGE_APP_DIR), name
+        source = INTERPOLATION.sub(lambda m: m.group("arg") or "", mount["source"])
+        assert source.startswith("./"), f"{name}: routes come from {source!r}"
+        assert _ignored(source.removeprefix("./")), "the user's routes file must stay out of images"
 
 
-def test_receiver_healthcheck_probes_healthz(services: dict[str, dict[str, Any]]) -> None:
-    """The receiver is healthy only when GET /healthz answers, probed with Python's urllib."""
+def test_receiver_healthcheck_probes_readyz(services: dict[str, dict[str, Any]]) -> None:
+    """The receiver is healthy only when GET /readyz answers (database at head, broker up),
+    probed with Python's urllib."""
     receiver = services["receiver"]
     test = receiver["healthcheck"]["test"]
     assert test[0] == "CMD"
     assert test[1:3] == ["python", "-c"]
     assert "urllib" in test[3]
-    assert "http://127.0.0.1:8000/healthz" in test[3]
-    assert "8000:8000" in receiver["ports"]
+    assert "http://127.0.0.1:8000/readyz" in test[3]
+    assert any(str(port).endswith(":8000") for port in receiver["ports"])
 
 
 def test_redis_appendonly(services: dict[str, dict[str, Any]]) -> None:
@@ -221,6 +249,8 @@ def test_redis_appendonly(services: dict[str, dict[str, Any]]) -> None:
     joined = " ".join(args)
     assert "--appendonly yes" in joined
     assert "--appendfsync everysec" in joined
+    # A full broker refuses writes instead of evicting queued tasks; said, not left to a default.
+    assert "--maxmemory-policy noeviction" in joined
     assert any(str(volume).endswith(":/data") for volume in redis["volumes"])
     assert "redis-cli ping" in " ".join(redis["healthcheck"]["test"])
 
@@ -242,7 +272,12 @@ def test_named_volumes_are_declared(
     declared = set(compose.get("volumes") or {})
     for name, service in services.items():
         for volume in service.get("volumes", []):
-            source = str(volume).split(":", 1)[0]
+            if isinstance(volume, dict):
+                if volume.get("type") != "volume":
+                    continue
+                source = str(volume["source"])
+            else:
+                source = str(volume).split(":", 1)[0]
             if not source.startswith((".", "/", "~")):
                 assert source in declared, f"{name}: volume {source!r} is not declared"
 
@@ -258,6 +293,8 @@ def test_flower_basic_auth_comes_from_environment(services: dict[str, dict[str, 
         auth,
     )
     assert match, f"FLOWER_BASIC_AUTH must take the password from a required variable: {auth!r}"
+    # Its API can shut workers down: published on the host's loopback only.
+    assert flower["ports"] == ["127.0.0.1:5555:5555"]
     command = " ".join(flower["command"])
     assert "basic_auth" not in command
     assert "basic-auth" not in command
@@ -317,3 +354,154 @@ def test_dockerignore_excludes_local_state_but_keeps_build_inputs() -> None:
         assert _ignored(path), f"{path} would be sent to the Docker build"
     for path in ["pyproject.toml", "README.md", "outbox", "worker", "migrations", "examples"]:
         assert not _ignored(path), f"{path} is needed in the image but .dockerignore drops it"
+    assert not _ignored("constraints.txt")
+    for path in ["tests", "bench", "docs", ".env", "routes.toml"]:
+        assert _ignored(path), f"{path} would go into the image"
+
+
+def _literal_secrets(name: str, value: Any) -> list[str]:
+    """What in one environment entry is a secret written in the file instead of taken from the
+    environment: a secret-named variable with text besides interpolations, an interpolation of
+    a secret-named variable with a default, or a URL whose password is not an interpolation."""
+    text = str(value)
+    found = []
+    for match in INTERPOLATION.finditer(text):
+        secret = SECRET_NAME.search(match.group("var"))
+        if secret and match.group("op") in ("-", ":-") and match.group("arg"):
+            found.append(f"{name}: ${{{match.group('var')}}} has a default")
+    if SECRET_NAME.search(name):
+        rest = INTERPOLATION.sub("", text)
+        if rest.strip(":@/ "):
+            found.append(f"{name}: literal {rest!r}")
+    url = re.match(r"^[a-z][a-z0-9+.-]*://[^:/@]*:(?P<password>[^@]*)@", text)
+    if url is not None:
+        password = url.group("password")
+        whole = INTERPOLATION.fullmatch(password)
+        if whole is None or whole.group("op") not in ("?", ":?"):
+            found.append(f"{name}: the URL's password is not a required variable")
+    return found
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "literal"),
+    [
+        ("POSTGRES_PASSWORD", "idem", True),
+        ("POSTGRES_PASSWORD", "${POSTGRES_PASSWORD:?set it}", False),
+        ("OPERATOR_TOKEN", "${OPERATOR_TOKEN:-changeme}", True),
+        ("METRICS_TOKEN", "${METRICS_TOKEN:-}", False),
+        ("DATABASE_URL", "postgresql://idem:idem@postgres/idem", True),
+        ("DATABASE_URL", "postgresql://idem:${PG:?x}@postgres/idem", False),
+        ("FLOWER_BASIC_AUTH", "admin:secret", True),
+        ("FLOWER_BASIC_AUTH", "${FLOWER_USER:-admin}:${FLOWER_PASSWORD:?x}", False),
+        ("LOG_LEVEL", "INFO", False),
+    ],
+)
+def test_the_literal_secret_check_itself(name: str, value: str, literal: bool) -> None:
+    """The check below flags secrets written in the file and passes values taken from the
+    environment."""
+    assert bool(_literal_secrets(name, value)) is literal
+
+
+def test_no_secret_is_written_in_compose(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    """Every password, token and secret comes from the environment (.env), required with
+    `${VAR:?message}` or empty by default; none is written in compose.yaml."""
+    found = []
+    for name, service in services.items():
+        environment = service.get("environment") or {}
+        assert isinstance(environment, dict), f"{name}: environment must be a mapping"
+        for key, value in environment.items():
+            found += [f"{name}: {problem}" for problem in _literal_secrets(key, value)]
+    assert not found, found
+
+
+def test_required_secrets_are_in_the_env_example(compose: dict[str, Any]) -> None:
+    """Every variable compose requires is named in .env.example, with how to make a secret."""
+    required = {
+        match.group("var")
+        for match in INTERPOLATION.finditer(COMPOSE_FILE.read_text(encoding="utf-8"))
+        if match.group("op") in ("?", ":?")
+    }
+    assert {"POSTGRES_PASSWORD", "OPERATOR_TOKEN", "FLOWER_PASSWORD"} <= required
+    example = ENV_EXAMPLE.read_text(encoding="utf-8")
+    for name in required:
+        assert re.search(rf"^{name}=$", example, re.MULTILINE), f"{name} missing"
+    assert "secrets.token_urlsafe(32)" in example
+
+
+def test_every_long_running_service_has_a_healthcheck(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """Every service that runs until stopped reports its health (none disabled)."""
+    for name, service in services.items():
+        if service.get("restart") == "no":
+            continue
+        check = service.get("healthcheck")
+        assert isinstance(check, dict) and check.get("test"), f"{name} has no healthcheck"
+        assert not check.get("disable"), name
+        assert check["test"][0] in ("CMD", "CMD-SHELL"), name
+
+
+def test_relay_and_sweeper_report_liveness_with_idem_alive(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """The relay's and the sweeper's healthchecks run `idem alive` on the heartbeat file their
+    loops touch; the worker's pings its consumer."""
+    group = _cli_group()
+    env = services["relay"]["environment"]
+    assert env["HEARTBEAT_FILE"].startswith("/tmp/")
+    for name in ("relay", "sweeper"):
+        test = services[name]["healthcheck"]["test"]
+        assert test[:3] == ["CMD", "idem", "alive"], name
+        _assert_cli_accepts(group, test[2:], f"{name} healthcheck")
+    worker = " ".join(services["worker"]["healthcheck"]["test"])
+    assert "inspect ping" in worker and "idem@$$HOSTNAME" in worker
+
+
+def _seconds(duration: str) -> float:
+    """A compose duration such as 1m30s, 45s or 500ms, in seconds."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|h|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(number) * units[unit] for number, unit in parts)
+
+
+def test_worker_grace_period_covers_a_lease_and_its_margin(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """`docker compose stop` gives the worker more than a lease, a renewal and the margin to
+    finish its running attempt before SIGKILL (Docker's default is 10 s)."""
+    from outbox.timing import minimum_stop_grace
+
+    worker = services["worker"]
+    lease = INTERPOLATION.fullmatch(worker["environment"]["LEASE_SECONDS"])
+    assert lease is not None and lease.group("op") == ":-"
+    grace = _seconds(str(worker.get("stop_grace_period", "10s")))
+    assert grace >= minimum_stop_grace(float(lease.group("arg"))), grace
+
+
+def test_one_image_name_for_every_project_service(services: dict[str, dict[str, Any]]) -> None:
+    """One service builds the project's image under one name; the other app services run that
+    image by name and build nothing."""
+    image = _project_image(services)
+    project = _project_services(services)
+    assert {"migrate"} | LONG_RUNNING_APP_SERVICES <= set(project)
+    assert all(svc["image"] == image for svc in project.values())
+    assert [name for name, svc in project.items() if "build" in svc] == ["migrate"]
+
+
+def test_dockerfile_installs_pinned_dependencies_before_the_code() -> None:
+    """The image installs the runtime dependencies with the constraints file from a layer that
+    only pyproject.toml and constraints.txt invalidate, then the code without resolving again;
+    no extra (embedded servers, test tools) goes in."""
+    instructions = _dockerfile_instructions()
+    steps = [(kw, args) for kw, args in instructions if kw in ("COPY", "RUN")]
+    copies = [i for i, (kw, _) in enumerate(steps) if kw == "COPY"]
+    first, code = steps[copies[0]][1], copies[-1]
+    assert first.split()[:-1] == ["pyproject.toml", "constraints.txt"], first
+    assert steps[code][1].split()[0] == ".", "the code is copied last"
+    deps = [args for kw, args in steps[copies[0] : code] if kw == "RUN" and "pip install" in args]
+    assert deps and "-c constraints.txt" in deps[0] and "['dependencies']" in deps[0]
+    project = [args for kw, args in steps[code:] if kw == "RUN" and "pip install" in args]
+    assert project and "--no-deps" in project[0] and "[" not in project[0]

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import itertools
+import json
 import re
 
 import pytest
 
 from outbox.keys import (
     InvalidKey,
+    NumberOutOfRange,
     canonical_json,
     derive_key,
+    finite_float,
     mask_key,
     normalize_part,
     normalize_text,
     payload_hash,
+    require_finite,
     validate_client_key,
 )
 
@@ -454,6 +458,32 @@ def test_canonical_json_refuses_non_finite_numbers(bad: object) -> None:
     """NaN and Infinity are not JSON, so canonical_json refuses them."""
     with pytest.raises(ValueError):
         canonical_json(bad)
+
+
+@pytest.mark.parametrize("text", ['{"a": 1e400}', "[-1e400]", '{"a": [{"b": 2E+999}]}'])
+def test_numbers_overflowing_a_double_are_refused_while_parsing(text: str) -> None:
+    """A JSON number that would parse to infinity raises NumberOutOfRange (a ValueError)."""
+    with pytest.raises(NumberOutOfRange):
+        json.loads(text, parse_float=finite_float)
+
+
+def test_finite_numbers_parse_as_usual() -> None:
+    """Ordinary, tiny and huge-but-finite numbers parse exactly as without the hook."""
+    text = '{"a": 1.5, "b": 1e-400, "c": 1.7e308, "d": 10, "e": -0.0}'
+    assert json.loads(text, parse_float=finite_float) == json.loads(text)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), {"x": [1, {"y": float("-inf")}]}, [float("nan")]])
+def test_require_finite_finds_a_non_finite_number_at_any_depth(bad: object) -> None:
+    """require_finite refuses a parsed value holding infinity or NaN anywhere inside it."""
+    with pytest.raises(NumberOutOfRange):
+        require_finite(bad)
+
+
+def test_require_finite_returns_a_finite_value_unchanged() -> None:
+    """A value without non-finite numbers comes back as it is (the validator's answer)."""
+    value = {"a": [1, 2.5, None, "inf", {"b": True}]}
+    assert require_finite(value) is value
 
 
 def test_payload_hash_golden_value() -> None:

@@ -423,8 +423,8 @@ def test_post_event_sends_the_provider_event_id_as_idempotency_key() -> None:
     (post,) = gateway_requests(workflow)
     assert (method(post), url_path(post["parameters"]["url"])) == ("POST", "/v1/events")
     headers = {h["name"]: h["value"] for h in post["parameters"]["headerParameters"]["parameters"]}
-    assert "body.id" in headers["Idempotency-Key"]
-    assert headers["Idempotency-Key"].startswith("=")
+    assert headers["Idempotency-Key"] == "={{ $json.key }}"
+    assert "body.id" in assignment(by_name(workflow)["Signed body"], "key")
     # The envelope is built once as text, signed, and sent as that very text.
     assert post["parameters"]["jsonBody"] == "={{ $json.body_text }}"
     envelope = assignment(by_name(workflow)["Signed body"], "body_text")
@@ -441,11 +441,14 @@ def test_post_event_signs_the_body_it_sends() -> None:
     assert set(sign["credentials"]) == {"crypto"}
     params = sign["parameters"]
     assert (params["action"], params["type"], params["encoding"]) == ("hmac", "SHA256", "hex")
-    assert params["value"] == "={{ $json.ts }}.{{ $json.body_text }}"
+    # v2: the Idempotency-Key is signed too (a v1 signature with a key is refused).
+    assert params["value"] == "={{ $json.ts }}.{{ $json.key }}.{{ $json.body_text }}"
+    assert assignment(named["Signed body"], "key") == "={{ $json.SOURCE }}:{{ $json.body.id }}"
     (post,) = gateway_requests(workflow)
     headers = {h["name"]: h["value"] for h in post["parameters"]["headerParameters"]["parameters"]}
+    assert headers["Idempotency-Key"] == "={{ $json.key }}"
     assert headers["X-Idem-Timestamp"] == "={{ $json.ts }}"
-    assert headers["X-Idem-Signature"] == "=sha256={{ $json.signature }}"
+    assert headers["X-Idem-Signature"] == "=v2={{ $json.signature }}"
     path = [s for s, _, t, _, _ in edges(workflow) if t in {"Sign", post["name"]}]
     assert path == ["Signed body", "Sign"]
 
@@ -608,7 +611,8 @@ def test_docs_describe_every_example() -> None:
 
 
 def test_docs_signing_snippet_is_pasteable_and_sends_the_signed_string() -> None:
-    """The JSON node snippet in docs/n8n.md parses and sends the signed string as its body."""
+    """The JSON node snippet in docs/n8n.md parses, signs v2 (timestamp, Idempotency-Key and
+    body) and sends the signed string as its JSON body with the signed key."""
     doc = DOC.read_text(encoding="utf-8")
     blocks = re.findall(r"```json\n(.*?)```", doc, re.DOTALL)
     assert len(blocks) == 1
@@ -621,8 +625,11 @@ def test_docs_signing_snippet_is_pasteable_and_sends_the_signed_string() -> None
     assert sign["parameters"]["action"] == "hmac"
     assert sign["parameters"]["type"] == "SHA256"
     assert sign["parameters"]["encoding"] == "hex"
-    assert sign["parameters"]["value"] == "={{ $json.ts }}.{{ $json.body_text }}"
+    assert sign["parameters"]["value"] == "={{ $json.ts }}.{{ $json.key }}.{{ $json.body_text }}"
     (post,) = gateway_requests(snippet)
+    headers = {h["name"]: h["value"] for h in post["parameters"]["headerParameters"]["parameters"]}
+    assert headers["Idempotency-Key"] == "={{ $json.key }}"
+    assert headers["X-Idem-Signature"] == "=v2={{ $json.signature }}"
     assert post["parameters"].get("contentType", "json") == "json"
     assert post["parameters"]["specifyBody"] == "json"
     assert post["parameters"]["jsonBody"] == "={{ $json.body_text }}"

@@ -1,4 +1,5 @@
-"""Webhook signatures: HMAC-SHA256 over "<timestamp>.<raw body>", fresh, compared safely."""
+"""The gateway's own scheme: HMAC-SHA256 over "<timestamp>.<raw body>" (v1) or
+"<timestamp>.<idempotency-key>.<raw body>" (v2), fresh, compared safely, several secrets."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import hmac
 import pytest
 
 from outbox.problems import Problem
-from outbox.signatures import SourceSecret, parse_secrets, sign, verify
+from outbox.signatures import HmacSigner, parse_secrets, sign, sign_v2
 
-SECRET = SourceSecret("whsec_0123456789abcdef", tolerance_seconds=300)
+SECRET = "whsec_0123456789abcdef"
+NEW_SECRET = "whsec_fedcba9876543210"
+SIGNER = HmacSigner((SECRET,), tolerance_seconds=300)
 BODY = b'{"source":"stripe","event_type":"invoice.paid","external_id":"in_1","payload":{}}'
 NOW = 1_800_000_000
+KEY = "stripe:in_1"
 
 
 def headers(signature: str | None, timestamp: int | str | None) -> dict[str, str]:
@@ -25,18 +29,51 @@ def headers(signature: str | None, timestamp: int | str | None) -> dict[str, str
 
 
 def test_sign_is_hmac_sha256_of_timestamp_dot_body() -> None:
-    """The documented scheme, computed independently, gives the same header value."""
-    expected = hmac.new(
-        b"whsec_0123456789abcdef", f"{NOW}.".encode() + BODY, hashlib.sha256
-    ).hexdigest()
-    assert sign(SECRET.secret, NOW, BODY) == f"sha256={expected}"
+    """The documented v1 scheme, computed independently, gives the same header value."""
+    expected = hmac.new(SECRET.encode(), f"{NOW}.".encode() + BODY, hashlib.sha256).hexdigest()
+    assert sign(SECRET, NOW, BODY) == f"sha256={expected}"
+
+
+def test_sign_v2_covers_the_key_between_timestamp_and_body() -> None:
+    """The documented v2 scheme, computed independently, gives the same header value."""
+    base = f"{NOW}.{KEY}.".encode() + BODY
+    expected = hmac.new(SECRET.encode(), base, hashlib.sha256).hexdigest()
+    assert sign_v2(SECRET, NOW, KEY, BODY) == f"v2={expected}"
 
 
 def test_a_good_signature_passes_with_or_without_the_prefix() -> None:
-    """A correct signature is accepted, as `sha256=<hex>` or bare hex."""
-    good = sign(SECRET.secret, NOW, BODY)
-    verify(SECRET, headers(good, NOW), BODY, now=NOW + 10)
-    verify(SECRET, headers(good.removeprefix("sha256="), NOW), BODY, now=NOW - 10)
+    """A correct v1 signature is accepted, as `sha256=<hex>` or bare hex; it covers no key."""
+    good = sign(SECRET, NOW, BODY)
+    assert not SIGNER.verify(headers(good, NOW), BODY, now=NOW + 10).covers_key
+    SIGNER.verify(headers(good.removeprefix("sha256="), NOW), BODY, now=NOW - 10)
+
+
+def test_v2_covers_the_idempotency_key_it_was_signed_with() -> None:
+    """A v2 signature is valid with the key it signed, and with no key when it signed ""."""
+    signed = headers(sign_v2(SECRET, NOW, KEY, BODY), NOW)
+    assert SIGNER.verify(signed, BODY, idempotency_key=KEY, now=NOW).covers_key
+    unkeyed = headers(sign_v2(SECRET, NOW, "", BODY), NOW)
+    assert SIGNER.verify(unkeyed, BODY, now=NOW).covers_key
+
+
+@pytest.mark.parametrize("sent_key", ["stripe:in_2", None], ids=["another-key", "key-dropped"])
+def test_v2_refuses_a_changed_or_dropped_key(sent_key: str | None) -> None:
+    """A captured v2 request re-sent with another key (or none) does not verify."""
+    signed = headers(sign_v2(SECRET, NOW, KEY, BODY), NOW)
+    with pytest.raises(Problem) as raised:
+        SIGNER.verify(signed, BODY, idempotency_key=sent_key, now=NOW)
+    assert raised.value.status == 401 and raised.value.error == "invalid_signature"
+
+
+def test_several_signatures_and_a_rotated_secret() -> None:
+    """A header may list several signatures; any secret of the source verifies."""
+    rotating = HmacSigner((SECRET, NEW_SECRET))
+    listed = f"{sign('an-unknown-secret!', NOW, BODY)}, {sign(NEW_SECRET, NOW, BODY)}"
+    rotating.verify(headers(listed, NOW), BODY, now=NOW)
+    both = f"{sign_v2(SECRET, NOW, KEY, BODY)} {sign(SECRET, NOW, BODY)}"
+    assert rotating.verify(headers(both, NOW), BODY, idempotency_key=KEY, now=NOW).covers_key
+    with pytest.raises(Problem):
+        SIGNER.verify(headers(sign(NEW_SECRET, NOW, BODY), NOW), BODY, now=NOW)
 
 
 @pytest.mark.parametrize(
@@ -50,6 +87,7 @@ def test_a_good_signature_passes_with_or_without_the_prefix() -> None:
         ("SIGNED", NOW, BODY, NOW + 301, "stale_signature"),
         ("SIGNED", NOW, BODY, NOW - 301, "stale_signature"),
         ("SIGNED", "soon", BODY, NOW, "invalid_signature"),
+        ("SIGNED", "9" * 5000, BODY, NOW, "invalid_signature"),
         ("OTHER-SECRET", NOW, BODY, NOW, "invalid_signature"),
     ],
     ids=[
@@ -61,6 +99,7 @@ def test_a_good_signature_passes_with_or_without_the_prefix() -> None:
         "too-old",
         "from-the-future",
         "timestamp-not-a-number",
+        "timestamp-of-5000-digits",
         "other-secret",
     ],
 )
@@ -69,30 +108,29 @@ def test_bad_missing_or_stale_signatures_are_401(
 ) -> None:
     """Every way a signature can be wrong is a 401 with its own code."""
     if signature == "SIGNED":
-        signature = sign(SECRET.secret, NOW, BODY)
+        signature = sign(SECRET, NOW, BODY)
     elif signature == "OTHER-SECRET":
         signature = sign("another-secret-entirely", NOW, BODY)
     with pytest.raises(Problem) as raised:
-        verify(SECRET, headers(signature, timestamp), body, now=now)
+        SIGNER.verify(headers(signature, timestamp), body, now=now)
     assert raised.value.status == 401 and raised.value.error == code
 
 
 def test_header_names_are_configurable() -> None:
     """A source may name its own headers (as many providers do)."""
-    custom = SourceSecret(SECRET.secret, "X-Shop-Hmac", "X-Shop-Time", 60)
-    verify(
-        custom,
-        {"x-shop-hmac": sign(SECRET.secret, NOW, BODY), "x-shop-time": str(NOW)},
-        BODY,
-        now=NOW,
-    )
+    custom = HmacSigner((SECRET,), "X-Shop-Hmac", "X-Shop-Time", 60)
+    custom.verify({"x-shop-hmac": sign(SECRET, NOW, BODY), "x-shop-time": str(NOW)}, BODY, now=NOW)
     with pytest.raises(Problem):
-        verify(custom, headers(sign(SECRET.secret, NOW, BODY), NOW), BODY, now=NOW)
+        custom.verify(headers(sign(SECRET, NOW, BODY), NOW), BODY, now=NOW)
 
 
 def test_parse_secrets_reads_source_equals_secret_pairs() -> None:
-    """WEBHOOK_SECRETS is a comma-separated list; source names are case-insensitive."""
-    assert parse_secrets("Stripe=whsec_1, shop=a=b,") == {"stripe": "whsec_1", "shop": "a=b"}
+    """WEBHOOK_SECRETS is a comma-separated list; names are case-insensitive; a name given
+    twice has both secrets (a rotation)."""
+    assert parse_secrets("Stripe=whsec_1, shop=a=b,SHOP=c") == {
+        "stripe": ("whsec_1",),
+        "shop": ("a=b", "c"),
+    }
     assert parse_secrets("") == {}
     with pytest.raises(ValueError):
         parse_secrets("stripe")

@@ -28,7 +28,12 @@ def client() -> httpx.Client:
     """One connection pool per process (rebuilt after a fork: pools must not be shared)."""
     global _client, _client_pid
     if _client is None or _client_pid != os.getpid():
-        _client = httpx.Client(follow_redirects=False)
+        # No cap on connections: a worker's concurrency (WORKER_CONCURRENCY attempts in flight)
+        # is the cap, and a request must not wait in the client's queue past its timeouts.
+        _client = httpx.Client(
+            follow_redirects=False,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
         _client_pid = os.getpid()
     return _client
 
