@@ -13,11 +13,12 @@ from typing import Any
 import typer
 
 from outbox.logs import configure_logging, get_logger
-from outbox.opcli import dlq_app, purge_command, replay_command, stats_command, stuck_command
+from outbox.opcli import dlq_app, purge_command, replay_command
 from outbox.routes import RoutesError, load_routes
 from outbox.settings import Settings, get_settings
 from outbox.timing import TimingError, check_timing
 from outbox.tokens import TokenError, check_tokens, configured_tokens
+from outbox.watchcli import routes_app, stats_command, stuck_command
 
 app = typer.Typer(
     help="Exactly-once side effects for automation workflows.",
@@ -279,12 +280,13 @@ def demo() -> None:
     raise typer.Exit(main())
 
 
-# Operators' commands (outbox/opcli.py).
+# Operators' commands (outbox/opcli.py, outbox/watchcli.py).
 app.add_typer(dlq_app, name="dlq")
 app.command("replay")(replay_command)
 app.command("stuck")(stuck_command)
 app.command("purge")(purge_command)
 app.command("stats")(stats_command)
+app.add_typer(routes_app, name="routes")
 
 if __name__ == "__main__":
     app()

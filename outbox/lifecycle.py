@@ -70,6 +70,8 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition("renew", (_S.PROCESSING,), _S.PROCESSING, "holder", "RENEW_LEASE"),
     Transition("succeed", (_S.PROCESSING,), _S.SUCCEEDED, "holder", "SUCCEED"),
     Transition("retry", (_S.PROCESSING,), _S.FAILED_RETRYABLE, "holder", "SCHEDULE_RETRY"),
+    Transition("defer", (_S.PROCESSING,), _S.FAILED_RETRYABLE, "holder (worker)", "DEFER"),
+    Transition("hold", (_S.PROCESSING,), _S.PENDING, "holder (worker)", "DEFER"),
     Transition("fail", (_S.PROCESSING,), _S.FAILED_FINAL, "holder", "FAIL_FINAL"),
     Transition("quarantine", (_S.PROCESSING,), _S.QUARANTINED, "worker", "FAIL_FINAL"),
     Transition(
@@ -154,8 +156,11 @@ CLAIM_KEY: TextClause = text(
                   now() AS claimed_at, previous.previous_status,
                   k.error_code AS previous_error_code
     )
-    SELECT c.*, e.external_id, e.version, e.payload
+    SELECT c.*, e.external_id, e.version, e.payload, r.paused AS route_paused,
+           r.circuit AS route_circuit, r.open_until AS route_open_until,
+           r.consecutive_failures AS route_failures
       FROM claimed c JOIN events e USING (idempotency_key)
+      LEFT JOIN route_state r ON r.route = c.route
     """
 )
 
@@ -248,6 +253,42 @@ FAIL_FINAL: TextClause = text(
           FROM failed
     )
     SELECT correlation_id FROM failed
+    """
+)
+
+DEFER: TextClause = text(
+    """
+    -- Give a claim back unspent, under the fence: its route cannot take it now (paused, circuit
+    -- open, over its rate or in-flight limit, or a probe the downstream refused). The attempt
+    -- the claim counted is returned. A paused route's key waits as pending with no delivery
+    -- (resuming queues it); any other waits as failed_retryable with its outbox row due after
+    -- :delay_seconds. The route row is read FOR SHARE, so a concurrent resume either finds this
+    -- key pending or this statement finds the route resumed: no key is left without a way on.
+    WITH route AS (
+        SELECT paused FROM route_state WHERE route = :route FOR SHARE
+    ), held AS (
+        SELECT COALESCE((SELECT paused FROM route), false) AS paused
+    ), deferred AS (
+        UPDATE idempotency_keys k
+           SET status = CASE WHEN held.paused THEN 'pending' ELSE 'failed_retryable' END,
+               attempts = GREATEST(k.attempts - 1, 0),
+               error_code = CASE WHEN held.paused THEN 'route_paused' ELSE :error_code END,
+               error_detail = CASE WHEN held.paused THEN 'the route is paused'
+                                   ELSE :error_detail END,
+               lease_token = NULL, lease_owner = NULL, locked_until = NULL,
+               next_attempt_at = CASE WHEN held.paused THEN NULL
+                                      ELSE now() + make_interval(secs => :delay_seconds) END,
+               updated_at = now()
+          FROM held
+         WHERE k.idempotency_key = :key AND k.fence = :fence AND k.lease_token = :token
+           AND k.status = 'processing'
+        RETURNING k.idempotency_key, k.actor, k.correlation_id, k.status, k.next_attempt_at
+    ), queued AS (
+        INSERT INTO outbox (idempotency_key, task_name, correlation_id, available_at)
+        SELECT idempotency_key, :task_name, correlation_id, next_attempt_at
+          FROM deferred WHERE actor = 'worker' AND status = 'failed_retryable'
+    )
+    SELECT status, next_attempt_at FROM deferred
     """
 )
 

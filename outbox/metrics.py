@@ -16,8 +16,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
-from outbox import stats
+from outbox import routestate, stats
 from outbox.logs import get_logger
+from outbox.routes import RouteTable
 
 log = get_logger(__name__)
 
@@ -25,8 +26,9 @@ log = get_logger(__name__)
 class DatabaseCollector(Collector):
     """Reads the key store's state on each scrape."""
 
-    def __init__(self, engine: Callable[[], Engine]) -> None:
+    def __init__(self, engine: Callable[[], Engine], routes: RouteTable) -> None:
         self._engine = engine
+        self._routes = routes
 
     def collect(self) -> Iterable[Metric]:
         try:
@@ -79,12 +81,41 @@ class DatabaseCollector(Collector):
         )
         reclaimed.add_metric([], now["leases_reclaimed"])
         yield reclaimed
+        try:
+            families = list(route_metrics(self._engine(), self._routes))
+        except Exception as error:  # the key metrics above still count
+            log.warning("metrics.routes_unavailable", error=type(error).__name__)
+            families = []
+        yield from families
+
+
+CIRCUIT_STATES = ("closed", "open", "half_open", "paused")
+
+
+def route_metrics(engine: Engine, routes: RouteTable) -> Iterable[Metric]:
+    """Each configured route's state (one-hot; `paused` beside the circuit) and its attempts
+    running now (keys holding a live lease), from the shared route state."""
+    state = GaugeMetricFamily(
+        "idem_route_state",
+        "A route's state: 1 for its circuit (closed, open, half_open) and for paused.",
+        labels=["route", "state"],
+    )
+    in_flight = GaugeMetricFamily(
+        "idem_route_in_flight", "Attempts running now for the route.", labels=["route"]
+    )
+    for item in routestate.list_routes(engine, routes):
+        for name in CIRCUIT_STATES:
+            on = item["paused"] if name == "paused" else item["circuit"] == name
+            state.add_metric([item["name"], name], 1 if on else 0)
+        in_flight.add_metric([item["name"]], item["in_flight"])
+    yield state
+    yield in_flight
 
 
 class ReceiverMetrics:
     """The receiver's registry: its own counters plus the database's state."""
 
-    def __init__(self, engine: Callable[[], Engine]) -> None:
+    def __init__(self, engine: Callable[[], Engine], routes: RouteTable) -> None:
         self.registry = CollectorRegistry()
         self.accepted = Counter(
             "idem_events_accepted", "New events stored.", ["event_type"], registry=self.registry
@@ -104,4 +135,4 @@ class ReceiverMetrics:
             "Events accepted but quarantined by their contract.",
             registry=self.registry,
         )
-        self.registry.register(DatabaseCollector(engine))
+        self.registry.register(DatabaseCollector(engine, routes))

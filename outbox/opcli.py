@@ -1,4 +1,5 @@
-"""Operators' terminal commands: dead letters, replays, stuck keys, purges and stats.
+"""Operators' terminal commands: dead letters, replays and purges (stats, stuck keys and
+routes are in `outbox.watchcli`).
 
 Each command calls one synchronous store (`deadletters`, `replay`, `stats`, `purge` own the SQL
 and the transactions) and prints rich tables, or with `--json` one JSON document on stdout.
@@ -228,32 +229,6 @@ def _confirm_command(request: ReplayRequest, token: str) -> str:
     return shlex.join([*args, "--confirm", token])
 
 
-def stuck_command(
-    older_than: Annotated[str, typer.Option(help="How long untouched, e.g. 5m or 2h.")],
-    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 100,
-    as_json: AsJson = False,
-) -> None:
-    """Unfinished keys untouched too long; exits 1 when there are any (for cron alerts)."""
-    from outbox import stats
-    from outbox.timewindow import parse_duration
-
-    try:
-        seconds = parse_duration(older_than).total_seconds()
-    except ValueError as error:
-        _fail(f"--older-than: {error}")
-    with _engine() as (_, engine):
-        rows = stats.stuck(engine, seconds, limit)
-    if as_json:
-        _print_json(rows)
-    elif not rows:
-        _console().print(f"no keys stuck longer than {older_than}")
-    else:
-        fields = "key status event_type attempts updated_at age_seconds"
-        headers = "key,status,event type,attempts,last change,age (s)"
-        _console().print(_table(headers, (_pick(r, fields) for r in rows)))
-    raise typer.Exit(1 if rows else 0)
-
-
 def purge_command(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would go.")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Delete it, in batches.")] = False,
@@ -288,24 +263,6 @@ def purge_command(
         " (with their events, outbox rows and resolved dead letters) and"
         f" {report.published_outbox_rows} outbox rows published more than {retention:g} s ago"
     )
-
-
-def stats_command(as_json: AsJson = False) -> None:
-    """Keys by status, outbox backlog and lag, processing, open dead letters, duplicates."""
-    from outbox import stats
-
-    with _engine() as (_, engine):
-        doc = stats.collect(engine)
-    if as_json:
-        return _print_json(doc)
-    rows: list[tuple[str, Any]] = []
-    for section, value in doc.items():  # a section of numbers, or one number
-        nested = value.items() if isinstance(value, dict) else []
-        rows += [(section, "" if nested else value), *((f"  {n}", v) for n, v in nested)]
-    readable = [(name.replace("_", " "), value) for name, value in rows]
-    table = _table("metric,value", readable, show_header=False, box=None)
-    table.columns[1].justify = "right"
-    _console().print(table)
 
 
 def _fail(message: str) -> NoReturn:

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine
 
-from outbox import deadletters, replay, stats
+from outbox import deadletters, replay, routestate, stats
 from outbox.access import FailureThrottle, require_bearer
 from outbox.logs import get_logger
 from outbox.problems import Problem, problem_responses
@@ -28,6 +28,12 @@ from outbox.settings import Settings
 from outbox.timewindow import parse_instant
 
 log = get_logger(__name__)
+
+
+class PauseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=500)
 
 
 class DiscardRequest(BaseModel):
@@ -156,6 +162,35 @@ def operator_router(
         """Keys by status, outbox backlog and lag, processing age, open dead letters."""
         result: dict[str, Any] = await run_in_threadpool(stats.collect, engine())
         return result
+
+    def known(name: str) -> str:
+        if routes.by_label(name) is None:
+            raise Problem(404, "route_not_found", "No configured route has this name.")
+        return name
+
+    @router.get("/routes")
+    async def list_routes(_: Operator) -> dict[str, Any]:
+        """Every route: paused or circuit state, limits, keys waiting, attempts running."""
+        items = await run_in_threadpool(routestate.list_routes, engine(), routes)
+        return {"items": items}
+
+    @router.post("/routes/{name}/pause", responses=problem_responses(404))
+    async def pause_route(name: str, body: PauseRequest, operator: Operator) -> dict[str, Any]:
+        """Stop acting on the route's keys (they wait as pending), with a reason on record."""
+        changed = await run_in_threadpool(
+            routestate.pause, engine(), known(name), body.reason, operator
+        )
+        if changed:
+            log.info("route.paused", route=name, by=operator)
+        return {"name": name, "paused": True, "changed": changed}
+
+    @router.post("/routes/{name}/resume", responses=problem_responses(404))
+    async def resume_route(name: str, operator: Operator) -> dict[str, Any]:
+        """Act on the route's keys again, those it held first, in the order they arrived."""
+        queued = await run_in_threadpool(routestate.resume, engine(), known(name), operator)
+        if queued is not None:
+            log.info("route.resumed", route=name, by=operator, queued=queued)
+        return {"name": name, "paused": False, "changed": queued is not None, "queued": queued or 0}
 
     return router
 

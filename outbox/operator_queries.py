@@ -140,12 +140,16 @@ STATS_DEAD_LETTERS: TextClause = text(
 STUCK_KEYS: TextClause = text(
     """
     -- Keys not finished long after their last change: a worker or broker problem to look at.
+    -- A key waiting on a paused route or an open circuit is held on purpose, not stuck.
     SELECT idempotency_key, status, event_type, attempts, updated_at,
            EXTRACT(EPOCH FROM now() - updated_at) AS age_seconds
-      FROM idempotency_keys
+      FROM idempotency_keys k
      WHERE status IN ('pending', 'processing', 'failed_retryable')
        AND updated_at < now() - make_interval(secs => :older_than_seconds)
        AND (status <> 'failed_retryable' OR next_attempt_at < now())
+       AND (status = 'processing' OR NOT EXISTS (
+               SELECT 1 FROM route_state r
+                WHERE r.route = k.route AND (r.paused OR r.circuit <> 'closed')))
      ORDER BY updated_at
      LIMIT :limit
     """

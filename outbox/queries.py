@@ -191,6 +191,8 @@ REDRIVE_STALLED_KEYS: TextClause = text(
                 FROM outbox o WHERE o.idempotency_key = k.idempotency_key) sent
          WHERE k.status IN ('pending', 'failed_retryable') AND k.actor = 'worker'
            AND k.updated_at < now() - make_interval(secs => :grace_seconds)
+           -- A paused route holds its keys on purpose; resuming queues them.
+           AND NOT EXISTS (SELECT 1 FROM route_state r WHERE r.route = k.route AND r.paused)
            AND (k.next_attempt_at IS NULL
                 OR k.next_attempt_at < now() - make_interval(secs => :grace_seconds))
            AND NOT sent.waiting

@@ -57,7 +57,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         engine: Engine = state["sync_engine"]
         return engine
 
-    metrics = ReceiverMetrics(sync_engine)
+    metrics = ReceiverMetrics(sync_engine, routes)
     known_sources = admission.sources(settings, routes)
     signers = admission.signers(settings, known_sources)
     # One count of failed credentials for every endpoint that takes one (outbox/access.py).

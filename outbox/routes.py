@@ -90,6 +90,23 @@ class Route(BaseModel):
     # Stop retrying an hour after the first failure: past that, a person should look.
     retry_deadline_seconds: float = Field(default=3600.0, gt=0)
 
+    # Protecting the downstream (see docs/architecture.md, "Routes under load"), shared by every
+    # worker process and machine through PostgreSQL. Unset limits mean none.
+    # Attempts running at once for this route, across all workers.
+    max_in_flight: int | None = Field(default=None, ge=1, le=1000)
+    # Requests per second, evenly spaced; `burst` of them may go at once after a quiet spell.
+    rate_per_second: float | None = Field(default=None, gt=0, le=10_000)
+    burst: int = Field(default=1, ge=1, le=10_000)
+    # The circuit breaker: opens after this many transient failures in a row (or at once on a
+    # 429/503 whose Retry-After is longer than backoff_cap_seconds), waits the cool-down, then
+    # lets one probe through; each failed probe doubles the cool-down up to the cap. Five in a
+    # row is rare for a healthy downstream and costs little when it is down.
+    circuit_failure_threshold: int = Field(default=5, ge=1)
+    # Ten seconds: short enough that a blip is over in one probe, long enough to spare a
+    # downstream that is restarting; five minutes at most, like the backoff cap.
+    circuit_cooldown_seconds: float = Field(default=10.0, gt=0)
+    circuit_cooldown_cap_seconds: float = Field(default=300.0, gt=0)
+
     @field_validator("sources")
     @classmethod
     def _normalized_sources(cls, names: list[str] | None) -> list[str] | None:
@@ -106,6 +123,8 @@ class Route(BaseModel):
                 raise ValueError('`external_ref_pointer` is a JSON pointer such as "/id"')
         if self.reconcile_url is not None and self.action != "http":
             raise ValueError("`reconcile_url` belongs to an http route")
+        if self.circuit_cooldown_cap_seconds < self.circuit_cooldown_seconds:
+            raise ValueError("`circuit_cooldown_cap_seconds` must be >= `circuit_cooldown_seconds`")
         if self.schema_file is not None and not self.schema_file.is_file():
             raise ValueError(f"`schema_file` {self.schema_file} does not exist")
         return self

@@ -6,7 +6,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from outbox import keys
+from outbox import keys, routestate
 from outbox import operator_queries as q
 from outbox.timewindow import iso
 
@@ -39,12 +39,19 @@ def collect(engine: Engine) -> dict[str, Any]:
             "worker": sum(int(r.blocked) for r in by_status.values()),
         },
         "leases_reclaimed": sum(int(r.reclaimed) for r in by_status.values()),
+        # Routes whose keys wait on them: paused, or a circuit not closed.
+        "routes": routestate.held_routes(engine),
     }
+
+
+def waiting_on_routes(engine: Engine) -> dict[str, int]:
+    """Keys that wait on a paused route or an open circuit (not stuck: held on purpose)."""
+    return {name: route["backlog"] for name, route in routestate.held_routes(engine).items()}
 
 
 def stuck(engine: Engine, older_than_seconds: float, limit: int = 100) -> list[dict[str, Any]]:
     """Unfinished keys untouched for longer than `older_than_seconds` (a retry not yet due is
-    not stuck)."""
+    not stuck, nor is a key that waits on a paused route or an open circuit)."""
     with engine.connect() as conn:
         rows = (
             conn.execute(q.STUCK_KEYS, {"older_than_seconds": older_than_seconds, "limit": limit})

@@ -103,7 +103,10 @@ def own_database(pg_admin_url: str, template_database: str) -> Iterator[str]:
 def db(database_url: str) -> Iterator[str]:
     """The test database, emptied before the test."""
     with psycopg.connect(libpq(database_url), autocommit=True) as conn:
-        conn.execute("TRUNCATE idempotency_keys, events, outbox, dead_letters, replays")
+        conn.execute(
+            "TRUNCATE idempotency_keys, events, outbox, dead_letters, replays, "
+            "route_state, route_permits, route_changes"
+        )
     yield database_url
 
 

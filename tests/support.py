@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -124,6 +124,9 @@ class Downstream:
     # `lookup_failure(key, lookup_number)`: a status to answer a lookup with instead (a 503).
     lookup_failure: Callable[[str, int], int | None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Requests being handled right now (POSTs and lookups), and the most there ever were.
+    in_flight: int = 0
+    peak_in_flight: int = 0
 
     def reset(self) -> None:
         with self.lock:
@@ -133,6 +136,18 @@ class Downstream:
             self.lookups.clear()
             self.behaviour = None
             self.lookup_failure = None
+            self.peak_in_flight = self.in_flight
+
+    @contextlib.contextmanager
+    def _handling(self) -> Iterator[None]:
+        with self.lock:
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.in_flight -= 1
 
     @property
     def url(self) -> str:
@@ -165,6 +180,14 @@ class Downstream:
                 self.wfile.write(payload)
 
             def do_GET(self) -> None:
+                with downstream._handling():
+                    self._get()
+
+            def do_POST(self) -> None:
+                with downstream._handling():
+                    self._post()
+
+            def _get(self) -> None:
                 prefix = "/tasks/by-key/"
                 if not self.path.startswith(prefix):
                     self._answer(404, {}, {})
@@ -183,7 +206,7 @@ class Downstream:
                 else:
                     self._answer(200, {"id": ref}, {})
 
-            def do_POST(self) -> None:
+            def _post(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"null")
                 key = self.headers.get("idempotency-key", "")
@@ -547,3 +570,38 @@ def proxied_database(database_url: str) -> tuple[TcpProxy, str]:
         proxy = TcpProxy(url.port or 5432, url.host or "127.0.0.1").start()
     proxied = url.set(host="127.0.0.1", port=proxy.port).difference_update_query(["host"])
     return proxy, proxied.render_as_string(hide_password=False)
+
+
+FINAL_STATUSES = ("succeeded", "failed_final", "quarantined")
+
+
+def key_state(stack: Stack, key: str) -> dict[str, Any]:
+    """`GET /v1/events/{key}` as a workflow reads it."""
+    with stack.client() as client:
+        answer = client.get(f"/v1/events/{key}")
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+def finished(stack: Stack, key: str, timeout: float = 60) -> dict[str, Any]:
+    """Wait until the key reaches a final status; return its state."""
+
+    def final() -> dict[str, Any] | None:
+        state = key_state(stack, key)
+        return state if state["status"] in FINAL_STATUSES else None
+
+    result: dict[str, Any] = wait_until(final, timeout=timeout)
+    return result
+
+
+def claim(stack: Stack, key: str, **extra: Any) -> httpx.Response:
+    """`POST /v1/claims` with the claims token."""
+    with stack.client() as client:
+        return client.post("/v1/claims", json={"key": key, **extra})
+
+
+def claim_call(stack: Stack, key: str, action: str, body: dict[str, Any]) -> httpx.Response:
+    """`POST /v1/claims/{key}/{heartbeat|complete|fail}` with the claims token."""
+    with stack.client() as client:
+        return client.post(f"/v1/claims/{key}/{action}", json=body)

@@ -27,6 +27,7 @@ from outbox.settings import Settings
 from outbox.timing import check_timing
 from worker import metrics
 from worker.attempt import run_attempt
+from worker.guard import RouteGuard
 from worker.store import KeyStore
 
 
@@ -37,6 +38,7 @@ class Runtime:
     settings: Settings
     routes: RouteTable
     _store: KeyStore | None = None
+    _guard: RouteGuard | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def store(self) -> KeyStore:
@@ -45,8 +47,15 @@ class Runtime:
             with self._lock:  # the threads pool's first tasks arrive together
                 if self._store is None:
                     self._store = KeyStore(self._engine())
+                    self._guard = RouteGuard(self._store)
                 store = self._store
         return store
+
+    def guard(self) -> RouteGuard:
+        """The routes' shared state, through this process's store."""
+        self.store()
+        assert self._guard is not None
+        return self._guard
 
     def _engine(self) -> Engine:
         """A bounded pool, whatever the concurrency: attempts in flight and the lease keeper
@@ -66,6 +75,7 @@ class Runtime:
             # Connections inherited from the parent belong to it; forget them without closing.
             self._store.engine.dispose(close=False)
             self._store = None
+            self._guard = None
 
 
 def create_worker_app(settings: Settings) -> Celery:
@@ -97,7 +107,11 @@ def create_worker_app(settings: Settings) -> Celery:
             structlog.contextvars.bind_contextvars(correlation_id=correlation_id)
         try:
             return run_attempt(
-                runtime.store(), runtime.routes, key, lease_seconds=settings.lease_seconds
+                runtime.store(),
+                runtime.routes,
+                key,
+                lease_seconds=settings.lease_seconds,
+                guard=runtime.guard(),
             )
         finally:
             structlog.contextvars.clear_contextvars()

@@ -14,7 +14,10 @@ Every path out of an attempt ends in a recorded outcome or in a lease given up:
   returns later is never recorded;
 - when the lease is lost, or cannot be proven (the database is unreachable), the attempt stops
   waiting and records nothing; the next holder finds the key uncertain and looks first;
-- a success whose result cannot be stored is still a success (`worker.results`).
+- a success whose result cannot be stored is still a success (`worker.results`);
+- a key its route cannot take now (paused, circuit open, over a limit) is given back unspent
+  before any external call (`worker.guard`), and each outcome at the downstream is told to the
+  route's circuit breaker.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import random
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import assert_never
 
 import structlog
@@ -36,6 +40,7 @@ from outbox.routes import Route, RouteTable
 from worker.actions import ActionContext, ActionResult, get_action, get_reconciler
 from worker.backoff import next_delay
 from worker.errors import Failure, classify
+from worker.guard import Admitted, Held, RouteGuard
 from worker.instruments import ACTION_SECONDS, ATTEMPTS, RECONCILED
 from worker.lease import Heartbeat
 from worker.store import Blocked, Claim, Failed, KeyStore
@@ -72,7 +77,16 @@ class LeaseGivenUp:
     reason: str
 
 
-Outcome = Succeeded | RetryLater | DeadLetter | LeaseGivenUp
+@dataclass(frozen=True)
+class Deferred:
+    """The route could not take the key now: given back unspent, to come back later."""
+
+    reason: str
+    delay: float
+    detail: str
+
+
+Outcome = Succeeded | RetryLater | DeadLetter | LeaseGivenUp | Deferred
 
 
 def run_attempt(
@@ -82,8 +96,11 @@ def run_attempt(
     *,
     lease_seconds: float,
     rng: random.Random | None = None,
+    guard: RouteGuard | None = None,
 ) -> str:
-    """Process one delivery of `key`; returns what happened, for the task's log line."""
+    """Process one delivery of `key`; returns what happened, for the task's log line.
+
+    Without a `guard` routes have no limits, no breaker and no pause."""
     # For operators only (who held it); the claim's random token is what proves holding.
     owner = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
     sent = time.monotonic()
@@ -130,11 +147,23 @@ def run_attempt(
         )
     else:
         limit = route.timeout_seconds or lease_seconds * DEFAULT_TIMEOUT_LEASES
-        outcome = _act(store, route, claim, lease_seconds, limit, sent, rng or random.Random())
+        rng = rng or random.Random()
+        # A probe's time: its action's limit and a lease, after which another key may probe.
+        admission = guard.admit(route, claim, limit + lease_seconds, rng) if guard else Admitted()
+        if isinstance(admission, Held):
+            outcome = Deferred(admission.reason, admission.delay, admission.detail)
+        else:
+            claim = replace(claim, permit=admission.permit)
+            release = guard.release if guard else None
+            outcome = _act(store, route, claim, lease_seconds, limit, sent, rng, release)
+            if guard is not None:
+                outcome = _tell_breaker(guard, route, claim, outcome, admission.probe, rng)
     recorded = not isinstance(outcome, LeaseGivenUp) and _record(store, claim, outcome)
     elapsed = time.monotonic() - started
     result = _log_finished(outcome, recorded, round(elapsed * 1000, 1))
     error_code = outcome.failure.error_code if isinstance(outcome, RetryLater | DeadLetter) else ""
+    if isinstance(outcome, Deferred):
+        error_code = outcome.reason
     ATTEMPTS.labels(result, error_code).inc()
     ACTION_SECONDS.labels(claim.route).observe(elapsed)
     return result
@@ -183,10 +212,46 @@ def _log_finished(outcome: Outcome, recorded: bool, duration_ms: float) -> str:
                 duration_ms=duration_ms,
             )
             return "dead_letter"
+        case Deferred():
+            log.info(
+                "attempt.finished",
+                outcome="deferred",
+                transition="processing -> pending or failed_retryable (attempt returned)",
+                reason=outcome.reason,
+                retry_in=round(outcome.delay, 2),
+                duration_ms=duration_ms,
+            )
+            return "deferred"
         case LeaseGivenUp():
             raise AssertionError("a lease given up is never recorded")
         case _:
             assert_never(outcome)
+
+
+def _tell_breaker(
+    guard: RouteGuard,
+    route: Route,
+    claim: Claim,
+    outcome: Outcome,
+    probe: bool,
+    rng: random.Random,
+) -> Outcome:
+    """Report what the downstream did to the route's breaker. A probe the downstream refused
+    (it says it did nothing) re-opens the circuit and is given back unspent."""
+    match outcome:
+        case Succeeded() | DeadLetter(kind="permanent"):
+            guard.answered(route, claim, probe)
+        case RetryLater(failure) | DeadLetter(failure, "retries_exhausted") if (
+            failure.transient and failure.error_code != "lease_lost"
+        ):
+            cooldown = guard.failed(route, claim, failure, probe)
+            if probe and cooldown is not None and not failure.uncertain:
+                spread = rng.uniform(0, min(1.0, route.circuit_cooldown_seconds / 10))
+                detail = f"the probe was refused ({failure.error_code}); the circuit is open"
+                return Deferred("circuit_open", cooldown + spread, detail)
+        case _:
+            pass
+    return outcome
 
 
 @dataclass
@@ -198,6 +263,8 @@ class _Run:
     wake: threading.Event
     result: ActionResult | None = None
     error: BaseException | None = None
+    # Called when the action's thread ends, whenever that is (frees the route's permit).
+    release: Callable[[Claim], None] | None = None
     reconciled_absent: bool = False
     thread: threading.Thread | None = field(default=None, repr=False)
 
@@ -210,9 +277,12 @@ def _act(
     limit: float,
     since: float,
     rng: random.Random,
+    release: Callable[[Claim], None] | None = None,
 ) -> Outcome:
     broken = contract.violations(route, claim.payload)
     if broken:
+        if release is not None:
+            release(claim)
         return DeadLetter(Failure(False, "contract_violation", "; ".join(broken)), "quarantined")
     ctx = ActionContext(
         key=claim.key,
@@ -225,9 +295,9 @@ def _act(
         payload=claim.payload,
         uncertain=claim.uncertain,
     )
-    run = _Run(done=threading.Event(), wake=threading.Event())
+    run = _Run(done=threading.Event(), wake=threading.Event(), release=release)
     with Heartbeat(store, claim, lease_seconds, ctx.cancelled, run.wake, since) as heartbeat:
-        _start(run, route, ctx)
+        _start(run, route, ctx, claim)
         deadline = time.monotonic() + limit
         while not run.done.is_set():
             # Wake when the action ends, the keeper gives the lease up, the time limit passes
@@ -257,7 +327,7 @@ def _act(
     return _after_failure(route, claim, classify(run.error), run.reconciled_absent, rng)
 
 
-def _start(run: _Run, route: Route, ctx: ActionContext) -> None:
+def _start(run: _Run, route: Route, ctx: ActionContext, claim: Claim) -> None:
     """Reconcile (when uncertain) then act, in a thread of its own with the task's context."""
     reconciler = get_reconciler(route) if ctx.uncertain else None
 
@@ -275,6 +345,8 @@ def _start(run: _Run, route: Route, ctx: ActionContext) -> None:
         except BaseException as error:  # everything ends in an outcome
             run.error = error
         finally:
+            if run.release is not None:
+                run.release(claim)
             run.done.set()
             run.wake.set()
 
@@ -319,6 +391,8 @@ def _record(store: KeyStore, claim: Claim, outcome: Outcome) -> bool:
             return store.schedule_retry(claim, delay, _failed(failure, absent))
         case DeadLetter(failure, kind, absent):
             return store.fail_final(claim, kind, _failed(failure, absent))
+        case Deferred(reason, delay, detail):
+            return store.defer(claim, delay, reason, detail) is not None
         case LeaseGivenUp():
             return False
         case _:

@@ -17,3 +17,9 @@ ACTION_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 RECONCILED = Counter("idem_reconciled", "Reconcile lookups by what they found.", ["found"])
+THROTTLED = Counter(
+    "idem_route_throttled",
+    "Claims a route gave back unspent before acting, by route and reason (paused, "
+    "circuit_open, rate_limited, in_flight_limit).",
+    ["route", "reason"],
+)

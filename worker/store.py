@@ -15,14 +15,14 @@ when the lease runs out), and a repeated fenced write matches no row once the fi
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, RowMapping, TextClause
 from sqlalchemy.exc import DataError, DBAPIError
 
-from outbox import lifecycle
+from outbox import lifecycle, route_queries
 from outbox.intake import PROCESS_TASK
 from outbox.logs import get_logger
 from outbox.redaction import redact
@@ -32,6 +32,16 @@ from worker.results import storable_ref, storable_result, without_nul
 MAX_DETAIL_CHARS = 2048
 
 log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class RouteView:
+    """A route's pause and circuit as of the claim (no row yet: closed, not paused)."""
+
+    paused: bool = False
+    circuit: str = "closed"
+    open_until: datetime | None = None
+    failures: int = 0
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,10 @@ class Claim:
     previous_error_code: str | None
     # An earlier attempt may have had its effect: look before acting.
     uncertain: bool
+    # The route's shared state as the claim saw it (read in the claim's own statement).
+    route_state: RouteView = field(default_factory=RouteView)
+    # The route's in-flight slot this attempt holds, renewed with the lease.
+    permit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -85,7 +99,7 @@ class KeyStore:
         # `begin()` adds no round trip. On any other engine each step is its own transaction.
         self.engine = engine
 
-    def _one(self, statement: TextClause, params: dict[str, Any]) -> RowMapping | None:
+    def one(self, statement: TextClause, params: dict[str, Any]) -> RowMapping | None:
         """Run one statement; its first row, or None when it matched nothing."""
         for attempt in (1, 2):
             try:
@@ -103,7 +117,7 @@ class KeyStore:
         `owner` (host and process) is stored for operators only; the token proves holding.
         """
         token = lifecycle.new_lease_token()
-        row = self._one(
+        row = self.one(
             lifecycle.CLAIM_KEY,
             {
                 "key": key,
@@ -133,8 +147,14 @@ class KeyStore:
                 previous_status=row["previous_status"],
                 previous_error_code=row["previous_error_code"],
                 uncertain=row["uncertain"],
+                route_state=RouteView(
+                    paused=bool(row["route_paused"]),
+                    circuit=row["route_circuit"] or "closed",
+                    open_until=row["route_open_until"],
+                    failures=row["route_failures"] or 0,
+                ),
             )
-        state = self._one(lifecycle.KEY_STATE, {"key": key, "payload_hash": None})
+        state = self.one(lifecycle.KEY_STATE, {"key": key, "payload_hash": None})
         if state is None:
             return Blocked(status=None, lease_live=False)
         return Blocked(
@@ -143,7 +163,7 @@ class KeyStore:
 
     def renew(self, claim: Claim, lease_seconds: float) -> datetime | None:
         """Extend the lease; None means it is lost (another holder has a newer fence)."""
-        row = self._one(
+        row = self.one(
             lifecycle.RENEW_LEASE,
             {
                 "key": claim.key,
@@ -152,7 +172,21 @@ class KeyStore:
                 "lease_seconds": lease_seconds,
             },
         )
-        return None if row is None else row["locked_until"]
+        if row is None:
+            return None
+        if claim.permit is not None:
+            self.one(
+                route_queries.RENEW_PERMIT,
+                {
+                    "route": claim.route,
+                    "slot": claim.permit,
+                    "key": claim.key,
+                    "fence": claim.fence,
+                    "until": row["locked_until"],
+                },
+            )
+        locked_until: datetime = row["locked_until"]
+        return locked_until
 
     def succeed(self, claim: Claim, result: Any, external_ref: str | None) -> bool:
         """Record the effect; False when the fence rejected the write.
@@ -169,19 +203,19 @@ class KeyStore:
             "external_ref": storable_ref(external_ref),
         }
         try:
-            row = self._one(lifecycle.SUCCEED, params)
+            row = self.one(lifecycle.SUCCEED, params)
         except DataError as error:
             log.warning("attempt.result_unstorable", error=type(error.orig).__name__)
             params["result"] = json.dumps(
                 {"result_dropped": f"the database refused it ({type(error.orig).__name__})"}
             )
             params["external_ref"] = None
-            row = self._one(lifecycle.SUCCEED, params)
+            row = self.one(lifecycle.SUCCEED, params)
         return row is not None
 
     def schedule_retry(self, claim: Claim, delay_seconds: float, failed: Failed) -> bool:
         """Mark failed_retryable and queue the next attempt in the outbox, atomically."""
-        row = self._one(
+        row = self.one(
             lifecycle.SCHEDULE_RETRY,
             {
                 **self._failure_params(claim, failed),
@@ -191,10 +225,29 @@ class KeyStore:
         )
         return row is not None
 
+    def defer(self, claim: Claim, delay_seconds: float, error_code: str, detail: str) -> str | None:
+        """Give the claim back unspent: the status it now waits in (`pending` when its route
+        is paused, else `failed_retryable` with its delivery due later), or None when the fence
+        rejected the write."""
+        row = self.one(
+            lifecycle.DEFER,
+            {
+                "key": claim.key,
+                "fence": claim.fence,
+                "token": claim.token,
+                "route": claim.route,
+                "delay_seconds": delay_seconds,
+                "error_code": error_code,
+                "error_detail": detail[:MAX_DETAIL_CHARS],
+                "task_name": PROCESS_TASK,
+            },
+        )
+        return None if row is None else str(row["status"])
+
     def fail_final(self, claim: Claim, kind: str, failed: Failed) -> bool:
         """Mark failed_final (quarantined for a contract failure) and write the dead letter,
         atomically."""
-        row = self._one(
+        row = self.one(
             lifecycle.FAIL_FINAL,
             {
                 **self._failure_params(claim, failed),

@@ -18,8 +18,9 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy import Engine
+from starlette.datastructures import FormData
 
-from outbox import deadletters, keys, queries, replay, stats
+from outbox import deadletters, keys, queries, replay, routestate, stats
 from outbox import operator_queries as oq
 from outbox.access import FailureThrottle
 from outbox.console import charts
@@ -33,6 +34,7 @@ from outbox.console.forms import (
 )
 from outbox.console.pages import PREFIX, ConsoleRoute, base_path, message_page, pretty, render
 from outbox.console.replays import OPERATOR, add_replay_routes
+from outbox.console.session import Session
 from outbox.logs import get_logger
 from outbox.redaction import mask_secrets
 from outbox.routes import RouteTable
@@ -41,6 +43,7 @@ from outbox.settings import Settings
 log = get_logger(__name__)
 
 STUCK_AFTER_SECONDS = 300.0
+ROUTE_NOTICES = {"paused": "The route is paused.", "resumed": "The route is resumed."}
 
 
 def target(routes: RouteTable, label: str) -> dict[str, str]:
@@ -69,12 +72,29 @@ def lookup_key(engine: Engine, key: str) -> dict[str, Any] | None:
     return found
 
 
-def _overview(engine: Engine) -> dict[str, Any]:
+def _overview(engine: Engine, routes: RouteTable) -> dict[str, Any]:
     return {
         "stats": stats.collect(engine),
+        "routes": routestate.list_routes(engine, routes),
         "minutes": charts.per_minute(engine),
         "stuck": stats.stuck(engine, STUCK_AFTER_SECONDS, limit=10),
     }
+
+
+def _reason(form: FormData) -> str | None:
+    """A form's `reason`: 1 to 500 characters once trimmed, else None."""
+    reason = str(form.get("reason") or "").strip()
+    return reason if 1 <= len(reason) <= 500 else None
+
+
+def _reason_needed(request: Request, session: Session, why: str) -> Response:
+    return message_page(
+        request,
+        422,
+        "A reason is needed",
+        f"Say in 1 to 500 characters why {why}. Nothing changed.",
+        session=session,
+    )
 
 
 def console_router(
@@ -98,7 +118,7 @@ def console_router(
         session = await gate.page(request)
         if isinstance(session, Response):
             return session
-        data = await run_in_threadpool(_overview, engine())
+        data = await run_in_threadpool(_overview, engine(), routes)
         minutes: list[charts.Minute] = data["minutes"]
         totals = charts.totals(minutes)
         return render(
@@ -108,6 +128,8 @@ def console_router(
                 "title": "Overview",
                 "nav": "overview",
                 "stats": data["stats"],
+                "routes": data["routes"],
+                "notice": ROUTE_NOTICES.get(request.query_params.get("route_changed") or ""),
                 "stuck": data["stuck"],
                 "stuck_after": STUCK_AFTER_SECONDS,
                 "chart_wide": charts.render_svg(minutes, id_prefix="chart-wide"),
@@ -199,15 +221,9 @@ def console_router(
             return message_page(
                 request, 404, "Not found", "No dead letter has this id.", session=session
             )
-        reason = str(form.get("reason") or "").strip()
-        if not 1 <= len(reason) <= 500:
-            return message_page(
-                request,
-                422,
-                "A reason is needed",
-                "Say in 1 to 500 characters why this dead letter is discarded. Nothing changed.",
-                session=session,
-            )
+        reason = _reason(form)
+        if reason is None:
+            return _reason_needed(request, session, "this dead letter is discarded")
         done = await run_in_threadpool(
             deadletters.discard_dead_letter, engine(), number, reason, OPERATOR
         )
@@ -225,6 +241,29 @@ def console_router(
         )
 
     add_replay_routes(router, gate, routes, engine, replay.confirm_secret(settings))
+
+    @router.post("/routes/{name}/{action}")
+    async def pause_or_resume(request: Request, name: str, action: str) -> Response:
+        checked = await gate.post(request)
+        if isinstance(checked, Response):
+            return checked
+        session, form = checked
+        if action not in ("pause", "resume") or routes.by_label(name) is None:
+            return message_page(
+                request, 404, "Not found", "No configured route has this name.", session=session
+            )
+        if action == "pause":
+            reason = _reason(form)
+            if reason is None:
+                return _reason_needed(request, session, "the route is paused")
+            if await run_in_threadpool(routestate.pause, engine(), name, reason, OPERATOR):
+                log.info("route.paused", route=name, by=OPERATOR)
+        else:
+            queued = await run_in_threadpool(routestate.resume, engine(), name, OPERATOR)
+            if queued is not None:
+                log.info("route.resumed", route=name, by=OPERATOR, queued=queued)
+        done = "paused" if action == "pause" else "resumed"
+        return RedirectResponse(f"{base_path(request)}/?route_changed={done}", status_code=303)
 
     @router.get("/keys")
     async def key_lookup(request: Request) -> Response:

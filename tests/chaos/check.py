@@ -13,10 +13,16 @@ import psycopg
 
 from tests.chaos import plan
 from tests.chaos.client import Answer
+from tests.chaos.crm import GATEWAY, WORKFLOW
 from tests.chaos.plan import Delivery, PlannedEvent
+from tests.chaos.workflow import Call, Ledger
 from tests.support import libpq
 
 FINAL_STATUSES = ("succeeded", "failed_final", "quarantined")
+# How a claims delivery may end (workflow.Done.how): the key succeeded, or it is refused.
+CLAIMS_FINAL_ANSWERS = frozenset(
+    {"completed_via_create", "completed_via_lookup", "already_succeeded", "failed_final"}
+)
 # No request may take longer than this, whatever it answers (the receiver's own bound is
 # twice DB_TIMEOUT_SECONDS, 6 s).
 MAX_REQUEST_SECONDS = 10.0
@@ -67,7 +73,8 @@ def read_db(database_url: str) -> DbState:
     with connect(database_url) as conn:
         cur = conn.execute(
             "SELECT idempotency_key, status, attempts, error_code, external_ref, result,"
-            " reclaimed_count, blocked_deliveries, duplicate_count FROM idempotency_keys"
+            " reclaimed_count, blocked_deliveries, duplicate_count,"
+            " COALESCE(locked_until > now(), false) AS lease_live FROM idempotency_keys"
         )
         names = [c.name for c in cur.description or ()]
         keys = {row[0]: dict(zip(names, row, strict=True)) for row in cur.fetchall()}
@@ -150,6 +157,16 @@ class Violations:
         }
 
 
+def _slow_or_failed(v: Violations, what: str, request: Answer | Call) -> None:
+    """No request may fail without an HTTP answer or take longer than MAX_REQUEST_SECONDS."""
+    if request.status is None or request.elapsed > MAX_REQUEST_SECONDS:
+        v.add(
+            "request_too_slow_or_failed",
+            f"{what} at {request.started:.1f} s: {request.status or request.error}"
+            f" after {request.elapsed:.1f} s",
+        )
+
+
 def verify(
     events: list[PlannedEvent],
     deliveries: list[Delivery],
@@ -167,6 +184,8 @@ def verify(
 
     # 1. Each key ends in the state its behaviour makes certain, with one effect or none.
     for event in events:
+        if event.via != plan.VIA_EVENTS:
+            continue  # verify_claims
         key = event.key
         row = db.keys.get(key)
         kind = event.behaviour.kind
@@ -219,7 +238,8 @@ def verify(
     if db.outbox_due:
         v.add("unpublished_due_outbox_rows", f"{db.outbox_due} due outbox rows never published")
 
-    # 3. Every planned delivery got a final answer, and the right one.
+    # 3. Every planned delivery got a final answer, and the right one (`deliveries` are the
+    # events' deliveries, numbered as the Sender numbers them).
     for i, delivery in enumerate(deliveries):
         event = delivery.event
         answer = final.get(i)
@@ -271,12 +291,7 @@ def verify(
                 )
         if answer.status == 503 and not answer.retry_after:
             v.add("503_without_retry_after", f"event {event.index} at {answer.started:.1f} s")
-        if answer.status is None or answer.elapsed > MAX_REQUEST_SECONDS:
-            v.add(
-                "request_too_slow_or_failed",
-                f"event {event.index} at {answer.started:.1f} s: {answer.status or answer.error}"
-                f" after {answer.elapsed:.1f} s",
-            )
+        _slow_or_failed(v, f"event {event.index}", answer)
 
     # 5. While PostgreSQL was down the receiver said so: 503 + Retry-After, quickly.
     during: list[Answer] = []
@@ -304,3 +319,137 @@ def verify(
         "max_latency_during_outage_seconds": round(max((a.elapsed for a in during), default=0), 3),
     }
     return v, facts
+
+
+def verify_claims(
+    events: list[PlannedEvent],
+    deliveries: list[Delivery],
+    ledger: Ledger,
+    crm: dict[str, Any],
+    db: DbState,
+    v: Violations,
+) -> dict[str, Any]:
+    """Check the claims share (adds to `v`): each key final with one effect when it
+    succeeded and none when the workflow declared none, lost answers and abandoned claims
+    reconciled, each key acted on by its own kind of actor only, every delivery answered.
+    Returns the facts the report prints."""
+    effects: dict[str, int] = crm["effects"]
+    refs: dict[str, str] = crm["refs"]
+    actors: dict[str, dict[str, int]] = crm["actors"]
+    claims = [e for e in events if e.via == plan.VIA_CLAIMS]
+
+    # 1. One actor kind per key: the gateway never touches a claims key, and the other way.
+    for event in events:
+        seen = actors.get(event.key, {})
+        if event.via == plan.VIA_CLAIMS and seen.get(GATEWAY):
+            row = db.keys.get(event.key) or {}
+            v.add(
+                "gateway_acted_on_claim_key",
+                f"{event.key}: {seen[GATEWAY]} CRM request(s) from the gateway's worker,"
+                f" status {row.get('status')}, attempts {row.get('attempts')}",
+            )
+        if event.via == plan.VIA_EVENTS and seen.get(WORKFLOW):
+            v.add("workflow_acted_on_event_key", f"{event.key}: {seen[WORKFLOW]} request(s)")
+
+    # 2. Each claims key ends as its behaviour makes certain.
+    for event in claims:
+        key, kind = event.key, event.behaviour.kind
+        row = db.keys.get(key)
+        if row is None:
+            v.add("key_missing", f"claims event {event.index} ({kind}): no key {key}")
+            continue
+        status, n = row["status"], effects.get(key, 0)
+        dead = db.dead_letters.get(key, [])
+        declared = ledger.declared.get(key, [])
+        via = ledger.completed_via.get(key, [])
+        label = f"{key} ({kind}{', abandoned' if key in ledger.abandoned else ''})"
+        if n > 1:
+            v.add(
+                "duplicate_effect",
+                f"{label}: {n} effects, {crm['posts'].get(key, 0)} writes, status {status},"
+                f" attempts {row['attempts']}, completed via {via}, declared {declared}",
+            )
+        if key in db.outbox_keys:
+            v.add("claims_key_in_outbox", f"{label}: has an outbox row (status {status})")
+        if status not in FINAL_STATUSES:
+            holder = "a live lease" if row["lease_live"] else "no live lease"
+            v.add(
+                "key_unfinished", f"{label} is {status} with {holder}, attempts {row['attempts']}"
+            )
+            continue
+        if status == "failed_final":
+            last = declared[-1] if declared else None
+            if last is None or last[1]:
+                v.add("failed_final_undeclared", f"{label}: failed_final, declared {declared}")
+            elif n > (0 if last[2] == "none" else 1):
+                v.add("effect_for_refused_key", f"{label}: {n} effects, declared {last}")
+            if [code for _, code in dead] != [last[0] if last else None]:
+                v.add("expected_permanent_dead_letter", f"{label}: dead letters {dead}")
+            if kind != plan.INVALID:
+                v.add("expected_succeeded", f"{label}: failed_final, declared {declared}")
+            continue
+        if kind == plan.INVALID or status != "succeeded":
+            v.add("unexpected_final_state", f"{label}: {status}, dead letters {dead}")
+            continue
+        if dead:
+            v.add("unexpected_dead_letter", f"{label}: {dead}")
+        if n != 1:
+            v.add("succeeded_without_effect", f"{label}: {n} effects at the CRM")
+        if row["external_ref"] != refs.get(key):
+            v.add(
+                "external_ref_mismatch",
+                f"{label}: stored {row['external_ref']!r}, CRM {refs.get(key)!r}",
+            )
+        if len(via) != 1:
+            v.add("completed_not_once", f"{label}: completed via {via}")
+        must_look = kind in plan.ANSWER_LOST or key in ledger.abandoned
+        if must_look and via != ["lookup"]:
+            v.add("lost_answer_not_reconciled", f"{label}: completed via {via}")
+        if key in ledger.abandoned and not row["reclaimed_count"]:
+            v.add("abandoned_not_reclaimed", f"{label}: reclaimed_count 0")
+
+    # 3. Every claims delivery got a final answer, the right one, in time.
+    for i, delivery in enumerate(deliveries):
+        how = ledger.final.get(i)
+        expected = {"conflict_refused"} if delivery.kind == plan.CONFLICT else CLAIMS_FINAL_ANSWERS
+        if how not in expected:
+            v.add(
+                "claims_delivery_unfinished",
+                f"{delivery.event.key} {delivery.kind}: ended {how!r}",
+            )
+    for check_name, detail in ledger.problems:
+        v.add(check_name, detail)
+    calls_by: Counter[str] = Counter()
+    for call in ledger.calls:
+        label = str(call.status) if call.status is not None else f"error:{call.error}"
+        calls_by[f"{call.endpoint} {label} {call.answer or ''}".strip()] += 1
+        if call.status is not None and call.status >= 500 and call.status != 503:
+            v.add("claims_5xx", f"event {call.event} {call.endpoint}: {call.status}")
+        _slow_or_failed(v, f"claims event {call.event} {call.endpoint}", call)
+
+    claimed = [c for c in ledger.calls if c.endpoint == "claim" and c.status == 201]
+    return {
+        "events": len(claims),
+        "deliveries": len(deliveries),
+        "behaviours": dict(Counter(e.behaviour.kind for e in claims)),
+        "runs": dict(ledger.outcomes),
+        "calls": dict(sorted(calls_by.items())),
+        "claimed": len(claimed),
+        "claimed_uncertain": sum(1 for c in claimed if c.uncertain),
+        "claimed_reclaimed": sum(1 for c in claimed if c.reclaimed),
+        "abandoned": len(ledger.abandoned),
+        "completed_via": dict(Counter(w for ws in ledger.completed_via.values() for w in ws)),
+        "declared_failures": dict(
+            Counter(
+                f"{'retryable' if retryable else 'final'}/{effect}"
+                for ds in ledger.declared.values()
+                for _, retryable, effect in ds
+            )
+        ),
+        "statuses": dict(Counter(db.keys[e.key]["status"] for e in claims if e.key in db.keys)),
+        "effects_total": sum(effects.get(e.key, 0) for e in claims),
+        "keys_with_more_than_one": sum(1 for e in claims if effects.get(e.key, 0) > 1),
+        "gateway_requests_for_claims_keys": sum(
+            actors.get(e.key, {}).get(GATEWAY, 0) for e in claims
+        ),
+    }

@@ -37,34 +37,36 @@ class Answer:
     error_code: str | None = None
 
 
-class Sender:
-    """Sends `deliveries` at their planned times (relative to `start()`), from `threads`
-    threads; a 503 or connection error is retried after Retry-After (or a second)."""
+class Scheduler:
+    """Runs `deliver(delivery_id)` for each of `deliveries` at its planned time (relative to
+    `start()`) on a pool of `threads` threads; a delivery may be put back for later
+    (`requeue`) until it reports its final answer (`finished`)."""
 
-    def __init__(self, base_url: str, deliveries: list[Delivery], threads: int = 24) -> None:
-        self.base_url = base_url
-        self.answers: list[Answer] = []
-        self.final: dict[int, Answer] = {}  # delivery id -> its final answer
+    def __init__(self, deliveries: list[Delivery], threads: int, name: str) -> None:
         self.deliveries = deliveries
-        self.accepted: dict[int, threading.Event] = {}
         self._heap: list[tuple[float, int, int]] = []  # (due, tiebreak, delivery id)
         self._seq = itertools.count()
         self._lock = threading.Lock()
         self._pending = 0
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="client")
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
         self._local = threading.local()
         self._stop = threading.Event()
         self._t0 = 0.0
-        self._thread = threading.Thread(target=self._dispatch, name="dispatcher", daemon=True)
+        self._thread = threading.Thread(target=self._dispatch, name=f"{name}-plan", daemon=True)
         for i, delivery in enumerate(deliveries):
-            self.accepted.setdefault(delivery.event.index, threading.Event())
             self._push(delivery.at, i)
 
     def now(self) -> float:
         return time.monotonic() - self._t0
 
-    def start(self) -> None:
-        self._t0 = time.monotonic()
+    @property
+    def t0(self) -> float:
+        """When sending started (`time.monotonic()`): the zero of `now()`."""
+        return self._t0
+
+    def start(self, t0: float | None = None) -> None:
+        """Start sending; `t0` (a `time.monotonic()` value) shares another scheduler's clock."""
+        self._t0 = time.monotonic() if t0 is None else t0
         self._thread.start()
 
     def _push(self, due: float, delivery_id: int) -> None:
@@ -86,35 +88,73 @@ class Sender:
                     due.append(heapq.heappop(self._heap)[2])
                 wait = self._heap[0][0] - now if self._heap else 0.05
             for delivery_id in due:
-                self._pool.submit(self._deliver, delivery_id)
+                self._pool.submit(self.deliver, delivery_id)
             self._stop.wait(min(max(wait, 0.0), 0.05))
 
-    def _client(self) -> httpx.Client:
-        client = getattr(self._local, "client", None)
-        if client is None:
-            client = httpx.Client(base_url=self.base_url, timeout=CLIENT_TIMEOUT_SECONDS)
-            self._local.client = client
-        return client
+    def client(self, base_url: str, **options: Any) -> httpx.Client:
+        """This thread's HTTP client for `base_url` (httpx clients are not shared between
+        threads); `options` apply when it is first made."""
+        clients: dict[str, httpx.Client] = self._local.__dict__.setdefault("clients", {})
+        if base_url not in clients:
+            options.setdefault("timeout", CLIENT_TIMEOUT_SECONDS)
+            clients[base_url] = httpx.Client(base_url=base_url, **options)
+        return clients[base_url]
 
-    def _deliver(self, delivery_id: int) -> None:
+    def drop_client(self, base_url: str) -> None:
+        """Forget this thread's client for `base_url` after a transport error: a broken
+        pooled connection should not be reused."""
+        client: httpx.Client | None = self._local.__dict__.get("clients", {}).pop(base_url, None)
+        if client is not None:
+            client.close()
+
+    def deliver(self, delivery_id: int) -> None:
+        raise NotImplementedError
+
+    def requeue(self, delivery_id: int, delay: float) -> None:
+        with self._lock:
+            heapq.heappush(self._heap, (self.now() + delay, next(self._seq), delivery_id))
+
+    def finished(self, delivery_id: int) -> None:
+        with self._lock:
+            self._pending -= 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class Sender(Scheduler):
+    """Posts `deliveries` to /v1/events at their planned times from `threads` threads; a 503
+    or connection error is retried after Retry-After (or a second)."""
+
+    def __init__(self, base_url: str, deliveries: list[Delivery], threads: int = 24) -> None:
+        super().__init__(deliveries, threads, "client")
+        self.base_url = base_url
+        self.answers: list[Answer] = []
+        self.final: dict[int, Answer] = {}  # delivery id -> its final answer
+        self.accepted: dict[int, threading.Event] = {
+            d.event.index: threading.Event() for d in deliveries
+        }
+
+    def deliver(self, delivery_id: int) -> None:
         delivery = self.deliveries[delivery_id]
         event = delivery.event
         if delivery.kind == CONFLICT and not self.accepted[event.index].is_set():
             # The conflicting payload must come second, or it would be the first payload.
-            self._requeue(delivery_id, 1.0)
+            self.requeue(delivery_id, 1.0)
             return
         started = self.now()
         answer = Answer(event.index, delivery.kind, started, 0.0, None)
         try:
-            response = self._client().post("/v1/events", json=delivery.body)
+            response = self.client(self.base_url).post("/v1/events", json=delivery.body)
         except httpx.HTTPError as error:
             answer.elapsed = self.now() - started
             answer.error = type(error).__name__
             self.answers.append(answer)
-            # A broken pooled connection should not be reused.
-            self._client().close()
-            self._local.client = None
-            self._requeue(delivery_id, 1.0)
+            self.drop_client(self.base_url)
+            self.requeue(delivery_id, 1.0)
             return
         answer.elapsed = self.now() - started
         answer.status = response.status_code
@@ -134,19 +174,9 @@ class Sender:
                 delay = float(answer.retry_after or 1)
             except ValueError:
                 delay = 1.0
-            self._requeue(delivery_id, delay)
+            self.requeue(delivery_id, delay)
             return
         if 200 <= response.status_code < 300:
             self.accepted[event.index].set()
-        with self._lock:
-            self.final[delivery_id] = answer
-            self._pending -= 1
-
-    def _requeue(self, delivery_id: int, delay: float) -> None:
-        with self._lock:
-            heapq.heappush(self._heap, (self.now() + delay, next(self._seq), delivery_id))
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.final[delivery_id] = answer
+        self.finished(delivery_id)

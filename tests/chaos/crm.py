@@ -5,6 +5,11 @@ POSTs that key has made. A write that commits counts one effect for the key, wha
 answer: a second committed write for a key is a duplicated side effect, which the soak
 reports. `GET /<collection>/by-key/<key>` is the reconcile lookup: 200 with the id when the
 effect exists, else 404.
+
+Every request is counted per key and per actor: a request carrying `ACTOR_HEADER: workflow`
+comes from the soak's workflows (tests/chaos/workflow.py, under `/wf/<collection>`), any other
+from the gateway's worker (the routes' URLs). A key has one actor kind; the checker reports a
+key that saw the other one.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from tests.chaos import plan
 
 # Past the routes' read timeout (1 s): the worker gives up before the answer comes.
 SLOW_ANSWER_SECONDS = 2.5
+ACTOR_HEADER = "X-Chaos-Actor"
+WORKFLOW = "workflow"
+GATEWAY = "gateway"
 
 
 class _Server(ThreadingHTTPServer):
@@ -42,6 +50,8 @@ class FakeCrm:
         self.refs: dict[str, str] = {}
         self.posts: Counter[str] = Counter()
         self.lookups: Counter[str] = Counter()
+        # key -> actor -> requests (writes and lookups)
+        self.actors: dict[str, Counter[str]] = {}
         # What was injected: lost (commit + drop), slow (commit + late answer), 503, 429, 422.
         self.injected: Counter[str] = Counter()
         self.inflight = 0
@@ -59,6 +69,7 @@ class FakeCrm:
                 "refs": dict(self.refs),
                 "posts": dict(self.posts),
                 "lookups": dict(self.lookups),
+                "actors": {key: dict(by) for key, by in self.actors.items()},
                 "injected": dict(self.injected),
                 "inflight": self.inflight,
             }
@@ -81,6 +92,16 @@ class FakeCrm:
         if kind == plan.INVALID:
             return 422, {}, False, 0.0, False
         return 201, {}, True, 0.0, False
+
+    def effects_of(self, key: str) -> int:
+        """Effects committed for `key` so far (the workflows compare it with what the
+        claims API tells them)."""
+        with self.lock:
+            return self.effects[key]
+
+    def _seen(self, key: str, actor: str | None) -> None:
+        with self.lock:
+            self.actors.setdefault(key, Counter())[WORKFLOW if actor == WORKFLOW else GATEWAY] += 1
 
     def _commit(self, key: str) -> str:
         with self.lock:
@@ -110,6 +131,7 @@ class FakeCrm:
                     self._answer(404, {}, {})
                     return
                 key = unquote(rest)
+                crm._seen(key, self.headers.get(ACTOR_HEADER))
                 with crm.lock:
                     crm.lookups[key] += 1
                     ref = crm.refs.get(key)
@@ -131,6 +153,7 @@ class FakeCrm:
                 length = int(self.headers.get("content-length") or 0)
                 self.rfile.read(length)
                 key = self.headers.get("idempotency-key", "")
+                crm._seen(key, self.headers.get(ACTOR_HEADER))
                 status, headers, commit, delay, drop = crm._reply(key)
                 answer: dict[str, Any] = {}
                 if commit:

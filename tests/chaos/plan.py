@@ -33,6 +33,22 @@ BEHAVIOURS = (*(name for name, _ in SHARES), OK)
 # must reconcile (find the effect) rather than write again.
 ANSWER_LOST = frozenset({LOST, SLOW})
 
+# Who acts on an event's key: the gateway's worker (posted to /v1/events) or a workflow that
+# makes the CRM call itself through /v1/claims (tests/chaos/workflow.py).
+VIA_EVENTS = "events"
+VIA_CLAIMS = "claims"
+CLAIMS_SHARE = 0.20
+# Of the claims events, the share whose first run crashes right after the CRM created the
+# task (no /complete, no /fail): the lease runs out and a later delivery reclaims the key.
+ABANDON_SHARE = 0.10
+# Claim leases: short, so abandoned claims are reclaimed within the run; long enough that a
+# workflow can still make its CRM call inside one (see workflow.ACT_MARGIN_SECONDS).
+CLAIM_LEASE_SECONDS = (3, 5)
+# The first claims events are given keys with these behaviours (and the first OK one is
+# abandoned), so even a short run drives every path of a workflow: complete, retryable and
+# final failure, lost answer, abandon and reclaim.
+CLAIMS_COVERAGE = (INVALID, LOST, SLOW, UNAVAILABLE, RATE_LIMITED, OK)
+
 
 @dataclass(frozen=True)
 class Behaviour:
@@ -60,6 +76,7 @@ SOON = "soon"  # a few seconds later (a provider's redelivery, a double click)
 CONCURRENT = "concurrent"  # at the same instant as the first
 LATE = "late"  # at the end of the run, long after the key finished
 CONFLICT = "conflict"  # same key, another payload: must be refused and change nothing
+AFTER_LEASE = "after_lease"  # claims: a redelivery after an abandoned claim's lease ran out
 
 
 @dataclass
@@ -70,6 +87,18 @@ class PlannedEvent:
     payload: dict[str, Any]
     key: str
     behaviour: Behaviour
+    via: str = VIA_EVENTS
+    lease_seconds: int = 0  # claims only: the lease each claim asks for
+    abandon: bool = False  # claims only: the first run that creates the task crashes
+
+    def claim_body(self, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What a workflow POSTs to /v1/claims for this event."""
+        return {
+            "key": self.key,
+            "payload": self.payload if payload is None else payload,
+            "lease_seconds": self.lease_seconds,
+            "workflow": "chaos-soak-workflow",
+        }
 
     def body(self, payload: dict[str, Any] | None = None) -> dict[str, Any]:
         return {
@@ -100,16 +129,28 @@ def derived_key(body: dict[str, Any]) -> str:
     return Envelope.model_validate(body).derived_key(fold_external_id_case=False)
 
 
+def claim_key(seed: int, index: int, wanted: str | None = None) -> str:
+    """The key a workflow claims for event `index`; with `wanted`, the first candidate key
+    whose CRM behaviour is that one (a few dozen hashes at most)."""
+    for attempt in range(10_000):
+        key = f"wf:{seed}:task:{index:06d}" + (f"-{attempt}" if attempt else "")
+        if wanted is None or behaviour_of(seed, key).kind == wanted:
+            return key
+    raise AssertionError(f"no key with behaviour {wanted}")  # 10 000 misses: not in practice
+
+
 def plan_events(
-    seed: int, count: int, duration: float
+    seed: int, count: int, duration: float, claims_share: float = CLAIMS_SHARE
 ) -> tuple[list[PlannedEvent], list[Delivery]]:
     """`count` events, their first deliveries spread over the first 85 % of `duration`, each
     delivered 1 to 4 times (some copies concurrent, some soon, some at the very end), and 4 %
-    of them followed by a conflicting payload under the same key."""
+    of them followed by a conflicting payload under the same key. A `claims_share` of them
+    is handled by a workflow through /v1/claims instead of /v1/events."""
     rng = random.Random(f"events:{seed}")
     window = 0.85 * duration
     events: list[PlannedEvent] = []
     deliveries: list[Delivery] = []
+    claims_seen = 0
     for index in range(count):
         event_type = EVENT_TYPES[index % len(EVENT_TYPES)]
         external_id = f"ext-{seed}-{index:06d}"
@@ -120,11 +161,20 @@ def plan_events(
             "sequence": index,
         }
         event = PlannedEvent(index, event_type, external_id, payload, "", Behaviour(OK))
-        event.key = derived_key(event.body())
+        if rng.random() < claims_share:
+            wanted = CLAIMS_COVERAGE[claims_seen] if claims_seen < len(CLAIMS_COVERAGE) else None
+            event.via = VIA_CLAIMS
+            event.key = claim_key(seed, index, wanted)
+            event.lease_seconds = rng.randint(*CLAIM_LEASE_SECONDS)
+            event.abandon = wanted == OK or rng.random() < ABANDON_SHARE
+            claims_seen += 1
+        else:
+            event.key = derived_key(event.body())
         event.behaviour = behaviour_of(seed, event.key)
         events.append(event)
+        body = event.claim_body if event.via == VIA_CLAIMS else event.body
         first = window * index / count + rng.uniform(0, window / count)
-        deliveries.append(Delivery(event, FIRST, first, event.body()))
+        deliveries.append(Delivery(event, FIRST, first, body()))
         copies = rng.choices((1, 2, 3, 4), weights=(40, 30, 20, 10))[0]
         for _ in range(copies - 1):
             kind = rng.choices((SOON, CONCURRENT, LATE), weights=(50, 25, 25))[0]
@@ -133,11 +183,16 @@ def plan_events(
                 CONCURRENT: first,
                 LATE: rng.uniform(0.93, 1.0) * duration,
             }[kind]
-            deliveries.append(Delivery(event, kind, at, event.body()))
+            deliveries.append(Delivery(event, kind, at, body()))
+        if event.abandon:
+            # The provider's redelivery after the crashed run, past the longest lease (the
+            # workflow also redelivers a crashed run itself, whenever it crashes).
+            at = first + CLAIM_LEASE_SECONDS[1] + rng.uniform(1.0, 5.0)
+            deliveries.append(Delivery(event, AFTER_LEASE, at, body()))
         if rng.random() < 0.04:
             changed = {**payload, "name": f"Someone Else {index}", "amount": payload["amount"] + 1}
             at = first + rng.uniform(0.5, 15.0) if rng.random() < 0.7 else duration
-            deliveries.append(Delivery(event, CONFLICT, min(at, duration), event.body(changed)))
+            deliveries.append(Delivery(event, CONFLICT, min(at, duration), body(changed)))
     deliveries.sort(key=lambda d: d.at)
     return events, deliveries
 

@@ -4,9 +4,12 @@ It starts a PostgreSQL and a Redis of its own, the receiver, two relays, several
 the sweeper as real processes, and a fake CRM that loses, delays and refuses answers per key.
 Clients deliver every event one to four times (some copies at once, some at the very end,
 some with another payload under the same key) while workers and relays are SIGKILLed and
-replaced, Redis is restarted empty and PostgreSQL is stopped (fast) and started again. Then
-the faults stop, the soak waits for every key to finish, and checks every event. It prints a
-table, writes a JSON report and exits 1 on any violation (2 if it could not run).
+replaced, Redis is restarted empty and PostgreSQL is stopped (fast) and started again. A fifth
+of the events never goes to /v1/events: workflows (tests/chaos/workflow.py) make the CRM call
+themselves through /v1/claims, and their claims are completed, failed, abandoned and
+reclaimed. Then the faults stop, the soak waits for every key to finish, and checks every
+event. It prints a table, writes a JSON report and exits 1 on any violation (2 if it could
+not run).
 
     python -m tests.chaos.soak [--duration 300] [--events 5000] [--seed N] [--report PATH]
 """
@@ -17,6 +20,7 @@ import argparse
 import json
 import os
 import random
+import secrets
 import shutil
 import signal
 import sys
@@ -34,6 +38,7 @@ from tests.chaos import check, plan
 from tests.chaos.client import Sender
 from tests.chaos.crm import FakeCrm
 from tests.chaos.servers import Fleet, OwnPostgres, OwnRedis, Proc
+from tests.chaos.workflow import Workflows
 from tests.support import ROOT
 
 DEFAULT_REPORT = ROOT / ".idem" / "chaos-report.json"
@@ -192,9 +197,12 @@ class Timeline:
     """A sample of the run every few seconds (load average, keys by status, outbox backlog,
     client progress) for the report; every third one is printed."""
 
-    def __init__(self, database_url: str, sender: Sender, every: float = 5.0) -> None:
+    def __init__(
+        self, database_url: str, sender: Sender, workflows: Workflows, every: float = 5.0
+    ) -> None:
         self.database_url = database_url
         self.sender = sender
+        self.workflows = workflows
         self.every = every
         self.samples: list[dict[str, Any]] = []
         self.max_load = 0.0
@@ -212,6 +220,8 @@ class Timeline:
             "load1": round(load, 2),
             "answers": len(self.sender.answers),
             "outstanding": self.sender.outstanding(),
+            "claims_calls": len(self.workflows.ledger.calls),
+            "claims_outstanding": self.workflows.outstanding(),
         }
         try:
             sample.update(check.progress(self.database_url))
@@ -278,12 +288,13 @@ def _incidents(incidents: list[dict[str, Any]]) -> str:
 
 
 def table(report: dict[str, Any]) -> str:
-    s, a, g, c, f = (
+    s, a, g, c, f, k = (
         report["sent"],
         report["answers"],
         report["gateway"],
         report["crm"],
         report["faults"],
+        report["claims"],
     )
     statuses = a["answers_by_status"]
     two_xx = sum(n for code, n in statuses.items() if code.startswith("2"))
@@ -331,11 +342,29 @@ def table(report: dict[str, Any]) -> str:
         ("dead letters", _fmt(g["dead_letters_by_kind"])),
         (
             "side effects",
-            f"{c['effects_total']} at the CRM for {c['keys_with_effect']} keys"
+            f"{c['effects_total']} at the CRM (both paths) for {c['keys_with_effect']} keys"
             f" ({c['keys_with_more_than_one']} keys with more than one); {c['writes']} writes,"
             f" {c['lookups']} lookups",
         ),
-        ("final states", _fmt(g["statuses"])),
+        ("final states", _fmt(g["statuses"]) + " (both paths)"),
+        (
+            "claims",
+            f"{k['events']} events handled by workflows, {k['deliveries']} deliveries;"
+            f" {k['claimed']} claims granted ({k['claimed_reclaimed']} reclaimed,"
+            f" {k['claimed_uncertain']} uncertain), {k['abandoned']} runs abandoned",
+        ),
+        ("claims runs", _fmt(k["runs"])),
+        (
+            "claims ended",
+            f"completed via {_fmt(k['completed_via'])}; failures declared"
+            f" {_fmt(k['declared_failures'])}; final states {_fmt(k['statuses'])}",
+        ),
+        (
+            "claims effects",
+            f"{k['effects_total']} at the CRM ({k['keys_with_more_than_one']} keys with more"
+            f" than one); {k['gateway_requests_for_claims_keys']} CRM requests for claims keys"
+            " from the gateway's worker",
+        ),
         (
             "faults",
             f"{f['kill_worker']} worker kills, {f['kill_relay']} relay kills,"
@@ -361,7 +390,8 @@ def table(report: dict[str, Any]) -> str:
     ]
     width = max(len(name) for name, _ in rows)
     head = (
-        f"idem chaos soak: seed {report['seed']}, {report['duration']:g} s, {s['events']} events,"
+        f"idem chaos soak: seed {report['seed']}, {report['duration']:g} s,"
+        f" {report['events']} events,"
         f" {report['workers']} workers x {report['concurrency']}, {report['started_at']}"
     )
     return "\n".join([head, *(f"  {name:<{width}}  {value}" for name, value in rows)])
@@ -384,6 +414,7 @@ def run(args: argparse.Namespace) -> int:
     redis = OwnRedis(base / "redis")
     fleet: Fleet | None = None
     sender: Sender | None = None
+    workflows: Workflows | None = None
     chaos: Chaos | None = None
     keep_logs = args.keep_logs
     report: dict[str, Any] = {}
@@ -394,7 +425,9 @@ def run(args: argparse.Namespace) -> int:
         upgrade(database_url)
         routes = write_routes(base / "routes.toml", crm.url, args.max_attempts)
         env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        claims_token = secrets.token_urlsafe(32)
         env.update(
+            CLAIMS_TOKEN=claims_token,
             DATABASE_URL=database_url,
             REDIS_URL=redis_url,
             ROUTES_FILE=str(routes),
@@ -414,9 +447,13 @@ def run(args: argparse.Namespace) -> int:
             fleet.start_worker(args.concurrency)
         fleet.start_sweeper()
 
-        events, deliveries = plan.plan_events(seed, args.events, args.duration)
+        events, deliveries = plan.plan_events(seed, args.events, args.duration, args.claims_share)
         faults = plan.plan_faults(seed, args.duration)
-        sender = Sender(f"http://127.0.0.1:{fleet.receiver_port}", deliveries)
+        receiver_url = f"http://127.0.0.1:{fleet.receiver_port}"
+        posted = [d for d in deliveries if d.event.via == plan.VIA_EVENTS]
+        claimed = [d for d in deliveries if d.event.via == plan.VIA_CLAIMS]
+        sender = Sender(receiver_url, posted)
+        workflows = Workflows(receiver_url, crm, claimed, claims_token, seed)
         chaos = Chaos(
             faults,
             fleet,
@@ -428,13 +465,14 @@ def run(args: argparse.Namespace) -> int:
             args.pg_down_seconds,
         )
         say(
-            f"chaos: {len(deliveries)} deliveries,"
+            f"chaos: {len(posted)} event deliveries, {len(claimed)} claims deliveries,"
             f" faults: {[(round(f.at), f.kind) for f in faults]}"
         )
         sender.start()
+        workflows.start(t0=sender.t0)
         chaos.thread.start()
 
-        timeline = Timeline(database_url, sender)
+        timeline = Timeline(database_url, sender, workflows)
         while sender.now() < args.duration or not chaos.faults_done.is_set():
             time.sleep(0.5)
             timeline.tick()
@@ -442,10 +480,12 @@ def run(args: argparse.Namespace) -> int:
                 break
         # The faults are over; the supervisor keeps watching until the checks have their data.
         drain_deadline = time.monotonic() + 90
-        while sender.outstanding() and time.monotonic() < drain_deadline:
+        while (sender.outstanding() or workflows.outstanding()) and (
+            time.monotonic() < drain_deadline
+        ):
             time.sleep(0.5)
             timeline.tick()
-        drained = sender.outstanding() == 0
+        drained = sender.outstanding() == 0 and workflows.outstanding() == 0
         last_request = sender.now()
         quiet, counts, quiet_after = _wait_quiescent(
             database_url, crm, args.quiesce_timeout, timeline
@@ -459,6 +499,7 @@ def run(args: argparse.Namespace) -> int:
             quiet_after += extra
             say(f"chaos: then quiescent={quiet} after {quiet_after:.1f} s: {counts}")
         sender.stop()
+        workflows.stop()
         crm_state = crm.snapshot()
         db = check.read_db(database_url)
         chaos.stop.set()
@@ -468,10 +509,17 @@ def run(args: argparse.Namespace) -> int:
         sweeps = check.sweeper_totals(sorted(log_dir.glob("sweeper-*.log")))
 
         violations, facts = check.verify(
-            events, deliveries, sender.answers, sender.final, crm_state, db, chaos.outage
+            events, posted, sender.answers, sender.final, crm_state, db, chaos.outage
+        )
+        claims_facts = check.verify_claims(
+            events, claimed, workflows.ledger, crm_state, db, violations
         )
         if not drained:
-            violations.add("clients_not_done", f"{sender.outstanding()} deliveries unanswered")
+            violations.add(
+                "clients_not_done",
+                f"{sender.outstanding()} event and {workflows.outstanding()} claims"
+                " deliveries unanswered",
+            )
         if not within_bound:
             violations.add(
                 "not_quiescent", f"after {args.quiesce_timeout:.0f} s: {counts_at_bound}"
@@ -511,11 +559,12 @@ def run(args: argparse.Namespace) -> int:
             },
             "last_request_at": round(last_request, 1),
             "sent": {
-                "events": len(events),
-                "deliveries": len(deliveries),
-                "by_kind": dict(Counter(d.kind for d in deliveries)),
+                "events": len(events) - claims_facts["events"],
+                "deliveries": len(posted),
+                "by_kind": dict(Counter(d.kind for d in posted)),
                 "requests": len(sender.answers),
             },
+            "claims": claims_facts,
             "behaviours": dict(Counter(e.behaviour.kind for e in events)),
             "answers": facts,
             "crm": {
@@ -570,6 +619,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if sender is not None:
             sender.stop()
+        if workflows is not None:
+            workflows.stop()
         if chaos is not None:
             chaos.stop.set()
         if fleet is not None:
@@ -613,6 +664,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=3, help="worker processes (at least 2)")
     parser.add_argument("--concurrency", type=int, default=2, help="pool processes per worker")
     parser.add_argument("--max-attempts", type=int, default=30, help="the routes' attempt budget")
+    parser.add_argument(
+        "--claims-share",
+        type=float,
+        default=plan.CLAIMS_SHARE,
+        help="share of the events handled by workflows through /v1/claims",
+    )
     parser.add_argument("--pg-down-seconds", type=float, default=5.0)
     parser.add_argument(
         "--sweep-grace",

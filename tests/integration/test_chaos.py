@@ -1,4 +1,5 @@
-"""The chaos soak, CI-sized: one minute of faults over 600 events must break no invariant."""
+"""The chaos soak, CI-sized: one minute of faults over 600 events, a fifth of them handled by
+workflows through the claims API, must break no invariant."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from tests.support import ROOT
 @pytest.mark.timeout(300)
 def test_chaos_soak_breaks_no_invariant(tmp_path: Path) -> None:
     """`python -m tests.chaos.soak --duration 60 --events 600` exits 0, its report counts
-    no violation, and every kind of fault really happened."""
+    no violation, every kind of fault really happened, and the workflows' claims were
+    completed, failed (effect unknown, effect none, final), abandoned and reclaimed."""
     report_path = tmp_path / "chaos-report.json"
     command = [
         sys.executable,
@@ -60,3 +62,18 @@ def test_chaos_soak_breaks_no_invariant(tmp_path: Path) -> None:
     # The receiver said 503 + Retry-After while PostgreSQL was down.
     assert report["answers"]["answers_during_outage"].get("503", 0) >= 1
     assert report["answers"]["max_latency_seconds"] < 10
+
+    claims = report["claims"]
+    assert claims["events"] >= 60, claims
+    assert claims["completed_via"].get("create", 0) >= 1, claims
+    # Lost answers and abandoned claims were completed from the CRM lookup.
+    assert claims["completed_via"].get("lookup", 0) >= 1, claims
+    declared = claims["declared_failures"]
+    assert declared.get("retryable/unknown", 0) >= 1, declared
+    assert declared.get("retryable/none", 0) >= 1, declared
+    assert declared.get("final/none", 0) >= 1, declared
+    assert claims["abandoned"] >= 1, claims
+    assert claims["claimed_reclaimed"] >= 1, claims
+    assert claims["claimed_uncertain"] >= 1, claims
+    assert claims["keys_with_more_than_one"] == 0, claims
+    assert claims["gateway_requests_for_claims_keys"] == 0, claims

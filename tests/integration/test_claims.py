@@ -4,27 +4,14 @@ tokens. The same key store as the event path."""
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any
 
-import httpx
-
-from tests.support import Stack, envelope, query, wait_until
-
-
-def _claim(stack: Stack, key: str, **extra: Any) -> httpx.Response:
-    with stack.client() as client:
-        return client.post("/v1/claims", json={"key": key, **extra})
-
-
-def _call(stack: Stack, key: str, action: str, body: dict[str, Any]) -> httpx.Response:
-    with stack.client() as client:
-        return client.post(f"/v1/claims/{key}/{action}", json=body)
+from tests.support import Stack, claim, claim_call, envelope, query, wait_until
 
 
 def test_claim_then_complete_then_already_succeeded(stack: Stack) -> None:
     """Claim, complete, and every later claim gets the stored result and original correlation
     id without a lease."""
-    first = _claim(
+    first = claim(
         stack,
         "lead-7",
         payload={"email": "a@example.com"},
@@ -35,14 +22,14 @@ def test_claim_then_complete_then_already_succeeded(stack: Stack) -> None:
     body = first.json()
     assert body["status"] == "claimed" and body["reclaimed"] is False
     assert body["correlation_id"] == "c-1" and body["locked_until"]
-    done = _call(
+    done = claim_call(
         stack,
         "lead-7",
         "complete",
         {"lease_token": body["lease_token"], "result": {"task": "T-9"}, "external_ref": "T-9"},
     )
     assert done.status_code == 200 and done.json()["status"] == "succeeded"
-    again = _claim(stack, "lead-7", payload={"email": "a@example.com"}, correlation_id="c-2")
+    again = claim(stack, "lead-7", payload={"email": "a@example.com"}, correlation_id="c-2")
     assert again.status_code == 200
     assert again.json() == {
         "status": "already_succeeded",
@@ -58,8 +45,8 @@ def test_claim_then_complete_then_already_succeeded(stack: Stack) -> None:
 
 def test_a_live_lease_answers_409_in_progress_with_retry_after(stack: Stack) -> None:
     """While another caller holds the lease, a claim gets 409 in_progress and Retry-After."""
-    _claim(stack, "busy", lease_seconds=60)
-    second = _claim(stack, "busy")
+    claim(stack, "busy", lease_seconds=60)
+    second = claim(stack, "busy")
     assert second.status_code == 409
     assert second.json()["status"] == "in_progress"
     assert 1 <= int(second.headers["retry-after"]) <= 60
@@ -67,8 +54,8 @@ def test_a_live_lease_answers_409_in_progress_with_retry_after(stack: Stack) -> 
 
 def test_same_key_with_another_payload_is_refused(stack: Stack) -> None:
     """A claim with a different payload than the key was created with gets 422."""
-    _claim(stack, "pay-1", payload={"amount": 10})
-    other = _claim(stack, "pay-1", payload={"amount": 11})
+    claim(stack, "pay-1", payload={"amount": 10})
+    other = claim(stack, "pay-1", payload={"amount": 11})
     assert other.status_code == 422
     assert other.json()["error"] == "idempotency_key_reused"
 
@@ -76,7 +63,7 @@ def test_same_key_with_another_payload_is_refused(stack: Stack) -> None:
 def test_twenty_callers_racing_for_one_key_get_one_claim(stack: Stack) -> None:
     """Twenty simultaneous claims of a new key: exactly one 201, nineteen 409."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
-        answers = list(pool.map(lambda _: _claim(stack, "race", payload={"x": 1}), range(20)))
+        answers = list(pool.map(lambda _: claim(stack, "race", payload={"x": 1}), range(20)))
     codes = sorted(a.status_code for a in answers)
     assert codes == [201] + [409] * 19
 
@@ -84,12 +71,12 @@ def test_twenty_callers_racing_for_one_key_get_one_claim(stack: Stack) -> None:
 def test_an_expired_lease_is_reclaimed_by_exactly_one_caller(stack: Stack) -> None:
     """After the lease expires, twenty racing callers produce one reclaim (reclaimed: true) and
     the old holder's token is refused."""
-    old = _claim(stack, "stale", payload={"x": 1}).json()["lease_token"]
+    old = claim(stack, "stale", payload={"x": 1}).json()["lease_token"]
     query(
         stack.database_url, "UPDATE idempotency_keys SET locked_until = now() - interval '1 second'"
     )
     with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
-        answers = list(pool.map(lambda _: _claim(stack, "stale", payload={"x": 1}), range(20)))
+        answers = list(pool.map(lambda _: claim(stack, "stale", payload={"x": 1}), range(20)))
     winners = [a.json() for a in answers if a.status_code == 201]
     assert len(winners) == 1 and winners[0]["reclaimed"] is True and winners[0]["attempt"] == 2
     assert sorted(a.status_code for a in answers).count(409) == 19
@@ -98,7 +85,7 @@ def test_an_expired_lease_is_reclaimed_by_exactly_one_caller(stack: Stack) -> No
         ("complete", {"result": 1}),
         ("fail", {"error_code": "x", "retryable": True}),
     ):
-        stale = _call(stack, "stale", action, {"lease_token": old, **body})
+        stale = claim_call(stack, "stale", action, {"lease_token": old, **body})
         assert stale.status_code == 409 and stale.json()["status"] == "lease_lost"
     assert query(
         stack.database_url, "SELECT status, reclaimed_count, result FROM idempotency_keys"
@@ -107,9 +94,9 @@ def test_an_expired_lease_is_reclaimed_by_exactly_one_caller(stack: Stack) -> No
 
 def test_heartbeat_extends_the_lease(stack: Stack) -> None:
     """A heartbeat with the current token moves locked_until forward."""
-    token = _claim(stack, "hb", lease_seconds=5).json()["lease_token"]
+    token = claim(stack, "hb", lease_seconds=5).json()["lease_token"]
     before = query(stack.database_url, "SELECT locked_until FROM idempotency_keys")[0][0]
-    beat = _call(stack, "hb", "heartbeat", {"lease_token": token, "lease_seconds": 120})
+    beat = claim_call(stack, "hb", "heartbeat", {"lease_token": token, "lease_seconds": 120})
     after = query(stack.database_url, "SELECT locked_until FROM idempotency_keys")[0][0]
     assert beat.status_code == 200 and after > before
 
@@ -117,8 +104,8 @@ def test_heartbeat_extends_the_lease(stack: Stack) -> None:
 def test_fail_retryable_frees_the_key_and_fail_final_writes_a_dead_letter(stack: Stack) -> None:
     """A retryable failure lets the next claim in; a permanent one ends in a dead letter and
     further claims get 409 with the final status."""
-    token = _claim(stack, "crm-down").json()["lease_token"]
-    soft = _call(
+    token = claim(stack, "crm-down").json()["lease_token"]
+    soft = claim_call(
         stack,
         "crm-down",
         "fail",
@@ -130,9 +117,9 @@ def test_fail_retryable_frees_the_key_and_fail_final_writes_a_dead_letter(stack:
         },
     )
     assert soft.json()["status"] == "failed_retryable"
-    retry = _claim(stack, "crm-down")
+    retry = claim(stack, "crm-down")
     assert retry.status_code == 201 and retry.json()["previous_error_code"] == "http_503"
-    hard = _call(
+    hard = claim_call(
         stack,
         "crm-down",
         "fail",
@@ -147,7 +134,7 @@ def test_fail_retryable_frees_the_key_and_fail_final_writes_a_dead_letter(stack:
     assert query(
         stack.database_url, "SELECT kind, error_code, error_detail, attempts FROM dead_letters"
     ) == [("permanent", "http_422", "rejected; Authorization: [redacted]", 2)]
-    after = _claim(stack, "crm-down")
+    after = claim(stack, "crm-down")
     assert after.status_code == 409 and after.json()["status"] == "failed_final"
 
 
@@ -158,7 +145,7 @@ def test_an_event_key_is_not_a_claim_key(stack: Stack) -> None:
         key = client.post("/v1/events", json=envelope("shared-1", "noop.thing")).json()["key"]
         wait_until(lambda: client.get(f"/v1/events/{key}").json()["status"] == "succeeded")
     before = query(stack.database_url, "SELECT status, fence, attempts FROM idempotency_keys")
-    answer = _claim(stack, key)
+    answer = claim(stack, key)
     assert answer.status_code == 409 and answer.json()["error"] == "not_a_claim_key"
     assert (
         query(stack.database_url, "SELECT status, fence, attempts FROM idempotency_keys") == before

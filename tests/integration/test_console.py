@@ -388,3 +388,34 @@ def test_the_console_is_disabled_without_a_token(
     for answer in answers:
         assert answer.status_code == 503, answer.text
         assert "The console is disabled" in answer.text
+
+
+def test_the_overview_pauses_and_resumes_a_route_with_its_csrf_token(stack: Stack) -> None:
+    """The overview lists the routes; its pause form needs the session's CSRF token and a
+    reason, pauses the route on record, and the resume form undoes it."""
+    with _session_client(stack) as client:
+        page = client.get("/console")
+        assert page.status_code == 200 and "<code>crm</code>" in page.text
+        match = re.search(r'name="csrf" value="([0-9a-f]{64})"', page.text)
+        assert match is not None
+        forged = client.post("/console/routes/crm/pause", data={"reason": "x", "csrf": "0" * 64})
+        assert forged.status_code == 403
+        csrf = match.group(1)
+        empty = client.post("/console/routes/crm/pause", data={"reason": " ", "csrf": csrf})
+        assert empty.status_code == 422
+        unknown = client.post("/console/routes/nope/pause", data={"reason": "x", "csrf": csrf})
+        assert unknown.status_code == 404
+        paused = client.post(
+            "/console/routes/crm/pause", data={"reason": "CRM upgrade", "csrf": csrf}
+        )
+        assert paused.status_code == 303
+        shown = client.get(paused.headers["location"])
+        assert "The route is paused." in shown.text and "CRM upgrade" in shown.text
+        resumed = client.post("/console/routes/crm/resume", data={"csrf": csrf})
+        assert resumed.status_code == 303
+    assert query(
+        stack.database_url, "SELECT route, action, requested_by FROM route_changes ORDER BY id"
+    ) == [("crm", "pause", "console"), ("crm", "resume", "console")]
+    assert query(stack.database_url, "SELECT paused FROM route_state WHERE route = 'crm'") == [
+        (False,)
+    ]

@@ -18,7 +18,11 @@ from tests.support import (
     Downstream,
     Reply,
     Stack,
+    claim,
+    claim_call,
     envelope,
+    finished,
+    key_state,
     proxied_database,
     query,
     seed_pending_key,
@@ -36,32 +40,6 @@ def _post(stack: Stack, external_id: str, event_type: str, **payload: Any) -> st
     return key
 
 
-def _key(stack: Stack, key: str) -> dict[str, Any]:
-    with stack.client() as client:
-        answer = client.get(f"/v1/events/{key}")
-    assert answer.status_code == 200, answer.text
-    body: dict[str, Any] = answer.json()
-    return body
-
-
-def _finished(stack: Stack, key: str, timeout: float = 60) -> dict[str, Any]:
-    wait_until(
-        lambda: _key(stack, key)["status"] in ("succeeded", "failed_final", "quarantined"),
-        timeout=timeout,
-    )
-    return _key(stack, key)
-
-
-def _claim(stack: Stack, key: str, **extra: Any) -> httpx.Response:
-    with stack.client() as client:
-        return client.post("/v1/claims", json={"key": key, **extra})
-
-
-def _call(stack: Stack, key: str, action: str, body: dict[str, Any]) -> httpx.Response:
-    with stack.client() as client:
-        return client.post(f"/v1/claims/{key}/{action}", json=body)
-
-
 # --- 1. a workflow's key is never the worker's ------------------------------------------------
 
 
@@ -72,7 +50,7 @@ def test_an_expired_workflow_claim_is_left_to_its_workflow(private_stack: Stack)
     stack = private_stack
     stack.start_all()
     stack.start_sweeper()
-    claimed = _claim(stack, "wf-expired", payload={"lead": 1}, lease_seconds=1)
+    claimed = claim(stack, "wf-expired", payload={"lead": 1}, lease_seconds=1)
     assert claimed.status_code == 201
     control = seed_pending_key(stack.database_url, "control")
     query(
@@ -82,7 +60,7 @@ def test_an_expired_workflow_claim_is_left_to_its_workflow(private_stack: Stack)
         (control,),
     )
     # The sweeper's pass that re-drives the control key also saw the expired claim.
-    wait_until(lambda: _key(stack, control)["status"] == "succeeded", timeout=60)
+    wait_until(lambda: key_state(stack, control)["status"] == "succeeded", timeout=60)
     assert query(
         stack.database_url,
         "SELECT status, attempts, result FROM idempotency_keys"
@@ -92,7 +70,7 @@ def test_an_expired_workflow_claim_is_left_to_its_workflow(private_stack: Stack)
         stack.database_url, "SELECT count(*) FROM outbox WHERE idempotency_key = 'wf-expired'"
     ) == [(0,)]
 
-    again = _claim(stack, "wf-expired", payload={"lead": 1}, lease_seconds=1).json()
+    again = claim(stack, "wf-expired", payload={"lead": 1}, lease_seconds=1).json()
     assert (again["reclaimed"], again["uncertain"], again["attempt"]) == (True, True, 2)
 
     query(
@@ -117,14 +95,14 @@ def test_an_expired_workflow_claim_is_left_to_its_workflow(private_stack: Stack)
     assert query(
         stack.database_url, "SELECT count(*) FROM outbox WHERE idempotency_key = 'wf-expired'"
     ) == [(0,)]
-    third = _claim(stack, "wf-expired", payload={"lead": 1}).json()
+    third = claim(stack, "wf-expired", payload={"lead": 1}).json()
     assert third["status"] == "claimed" and third["uncertain"] is True
 
 
 def test_the_worker_refuses_a_workflow_key_delivered_to_it(stack: Stack) -> None:
     """A delivery of a claims key that reaches the worker anyway (a stray message) is blocked:
     the key stays with its workflow and nothing is acted on."""
-    assert _claim(stack, "wf-stray", payload={"x": 1}, lease_seconds=1).status_code == 201
+    assert claim(stack, "wf-stray", payload={"x": 1}, lease_seconds=1).status_code == 201
     query(
         stack.database_url,
         "UPDATE idempotency_keys SET locked_until = now() - interval '1 second';"
@@ -151,7 +129,7 @@ def test_a_result_that_cannot_be_stored_still_ends_the_key_succeeded(
     """A python action that acted and returned a value that is not JSON, holds NULs and
     infinities, or is 200 KB ends succeeded with what could be kept and a note: one effect."""
     key = _post(stack, f"odd-{kind}", "odd.result", url=f"{downstream.url}/tasks", kind=kind)
-    state = _finished(stack, key)
+    state = finished(stack, key)
     assert state["status"] == "succeeded", state
     assert downstream.effects[key] == 1
     result = state["result"]
@@ -168,7 +146,7 @@ def test_a_response_body_with_nul_characters_is_stored_once(
     effect, the body kept with the character replaced."""
     downstream.behaviour = lambda key, n: Reply(201, extra={"note": "x\u0000y"})
     key = _post(stack, "nul-body", "plain.lead", email="a@b.c")
-    state = _finished(stack, key)
+    state = finished(stack, key)
     assert state["status"] == "succeeded", state
     assert downstream.effects[key] == 1
     assert state["result"]["value"]["body"]["note"] == "x\ufffdy"
@@ -183,7 +161,7 @@ def test_uncertainty_survives_a_lookup_that_fails(stack: Stack, downstream: Down
     downstream.behaviour = lambda key, n: Reply(201, delay=1.6) if n == 1 else Reply(201)
     downstream.lookup_failure = lambda key, n: 503 if n == 1 else None
     key = _post(stack, "lost-then-lookup-503", "crm.lead.created", email="a@b.c")
-    state = _finished(stack, key)
+    state = finished(stack, key)
     assert state["status"] == "succeeded", state
     assert downstream.effects[key] == 1
     assert len(downstream.request_times(key)) == 1
@@ -201,7 +179,7 @@ def test_a_503_after_a_lost_answer_keeps_the_key_uncertain(
     )
     downstream.lookup_failure = lambda key, n: 503 if n == 1 else None
     key = _post(stack, "lost-then-refused", "crm.lead.created", email="a@b.c")
-    state = _finished(stack, key)
+    state = finished(stack, key)
     assert state["status"] == "succeeded", state
     assert downstream.effects[key] == 1
 
@@ -220,7 +198,7 @@ def test_an_action_that_kills_its_worker_every_time_ends_in_a_dead_letter(
     stack.start_all()
     stack.start_sweeper()
     key = _post(stack, "crasher", "odd.crash", url=f"{downstream.url}/tasks")
-    state = _finished(stack, key, timeout=90)
+    state = finished(stack, key, timeout=90)
     assert state["status"] == "failed_final"
     assert state["error_code"] == "crash_loop" and state["attempts"] == 3
     assert downstream.effects[key] == 2
@@ -233,7 +211,7 @@ def test_a_hung_action_is_cut_at_its_time_limit(stack: Stack, downstream: Downst
     """An action that never returns is given up at its route's timeout_seconds: the attempt is
     recorded as an uncertain action_timeout, retried within the budget, then dead-lettered."""
     key = _post(stack, "hanger", "odd.hang", url=f"{downstream.url}/tasks")
-    state = _finished(stack, key)
+    state = finished(stack, key)
     assert state["status"] == "failed_final"
     assert (state["error_code"], state["attempts"], state["uncertain"]) == (
         "action_timeout",
@@ -254,14 +232,14 @@ def test_a_worker_key_cannot_be_taken_or_finished_through_the_claims_api(
     complete with the worker's owner string (with or without the fence) is lease_lost; the
     worker's own result lands."""
     key = _post(stack, "held-by-worker", "slow.job", seconds=3)
-    wait_until(lambda: _key(stack, key)["status"] == "processing")
+    wait_until(lambda: key_state(stack, key)["status"] == "processing")
     owner, fence = query(stack.database_url, "SELECT lease_owner, fence FROM idempotency_keys")[0]
-    taken = _claim(stack, key)
+    taken = claim(stack, key)
     assert taken.status_code == 409 and taken.json()["error"] == "not_a_claim_key"
     for token in (owner, f"{fence}.{owner}"):
-        forged = _call(stack, key, "complete", {"lease_token": token, "result": {"forged": 1}})
+        forged = claim_call(stack, key, "complete", {"lease_token": token, "result": {"forged": 1}})
         assert forged.status_code == 409 and forged.json()["status"] == "lease_lost"
-    state = _finished(stack, key)
+    state = finished(stack, key)
     assert state["status"] == "succeeded" and state["result"] == {"cancelled": False}
 
 
@@ -275,7 +253,7 @@ def test_the_claims_api_and_event_reads_need_the_token(stack: Stack) -> None:
             read = client.get("/v1/events/anything")
             assert read.status_code == 401
     assert query(stack.database_url, "SELECT count(*) FROM idempotency_keys") == [(0,)]
-    assert _claim(stack, "guarded").status_code == 201
+    assert claim(stack, "guarded").status_code == 201
     with httpx.Client(base_url=stack.url, timeout=10, headers=AUTH) as operator:
         assert operator.get("/v1/events/guarded").status_code == 200
 
@@ -333,26 +311,26 @@ def test_a_failed_claim_makes_the_next_claim_look_first(stack: Stack) -> None:
     """After /fail without `effect` (the CRM's answer was lost), the next claim answers
     uncertain: true although the lease was not reclaimed; after effect "none" it does not,
     and a completed key is no longer uncertain."""
-    first = _claim(stack, "lost-answer", payload={"lead": 1}).json()
-    failed = _call(
+    first = claim(stack, "lost-answer", payload={"lead": 1}).json()
+    failed = claim_call(
         stack,
         "lost-answer",
         "fail",
         {"lease_token": first["lease_token"], "error_code": "socket_hang_up", "retryable": True},
     )
     assert failed.status_code == 200
-    second = _claim(stack, "lost-answer", payload={"lead": 1}).json()
+    second = claim(stack, "lost-answer", payload={"lead": 1}).json()
     assert (second["reclaimed"], second["uncertain"]) == (False, True)
-    _call(
+    claim_call(
         stack,
         "lost-answer",
         "complete",
         {"lease_token": second["lease_token"], "result": {"task": "found"}},
     )
-    assert _key(stack, "lost-answer")["uncertain"] is False
+    assert key_state(stack, "lost-answer")["uncertain"] is False
 
-    clean = _claim(stack, "refused", payload={"lead": 2}).json()
-    _call(
+    clean = claim(stack, "refused", payload={"lead": 2}).json()
+    claim_call(
         stack,
         "refused",
         "fail",
@@ -363,4 +341,4 @@ def test_a_failed_claim_makes_the_next_claim_look_first(stack: Stack) -> None:
             "effect": "none",
         },
     )
-    assert _claim(stack, "refused", payload={"lead": 2}).json()["uncertain"] is False
+    assert claim(stack, "refused", payload={"lead": 2}).json()["uncertain"] is False

@@ -22,32 +22,13 @@ from tests.support import (
     Reply,
     Stack,
     envelope,
+    finished,
+    key_state,
     query,
     seed_pending_key,
     wait_until,
 )
 from worker.store import Blocked, Claim, Failed, KeyStore
-
-FINAL_STATUSES = ("succeeded", "failed_final", "quarantined")
-
-
-def _state(stack: Stack, key: str) -> dict[str, Any]:
-    with stack.client() as client:
-        answer = client.get(f"/v1/events/{key}")
-    assert answer.status_code == 200, answer.text
-    body: dict[str, Any] = answer.json()
-    return body
-
-
-def _finished(stack: Stack, key: str, timeout: float = 30) -> dict[str, Any]:
-    """Wait until the key reaches a final status; return its state."""
-
-    def final() -> dict[str, Any] | None:
-        state = _state(stack, key)
-        return state if state["status"] in FINAL_STATUSES else None
-
-    result: dict[str, Any] = wait_until(final, timeout=timeout)
-    return result
 
 
 def _post(stack: Stack, body: dict[str, Any]) -> dict[str, Any]:
@@ -76,7 +57,7 @@ def test_429_with_retry_after_is_retried_no_sooner_than_asked(
     """A 429 with Retry-After: 1 is retried once, at least one second later, and succeeds."""
     downstream.behaviour = lambda _key, n: Reply(429, {"Retry-After": "1"}) if n == 1 else Reply()
     key = _post(stack, envelope("rate-1", event_type="plain.lead"))["key"]
-    state = _finished(stack, key)
+    state = finished(stack, key)
     assert state["status"] == "succeeded"
     assert state["attempts"] == 2
     assert state["error_code"] is None
@@ -96,7 +77,7 @@ def test_422_is_dead_lettered_at_once(stack: Stack, downstream: Downstream) -> N
     dead letter of kind permanent and no retry."""
     downstream.behaviour = lambda _key, _n: Reply(422)
     key = _post(stack, envelope("invalid-1"))["key"]
-    state = _finished(stack, key)
+    state = finished(stack, key)
     assert state["status"] == "failed_final"
     assert state["attempts"] == 1
     assert state["error_code"] == "http_422"
@@ -114,7 +95,7 @@ def test_spent_budget_ends_in_retries_exhausted(stack: Stack, downstream: Downst
     key is failed_final with a retries_exhausted dead letter and no outbox row left to send."""
     downstream.behaviour = lambda _key, _n: Reply(503)
     key = _post(stack, envelope("down-1"))["key"]
-    state = _finished(stack, key)
+    state = finished(stack, key)
     assert state["status"] == "failed_final"
     assert state["attempts"] == 4
     assert state["error_code"] == "http_503"
@@ -216,7 +197,7 @@ def test_event_breaking_its_contract_is_quarantined_and_never_sent(
     assert answer["status"] == "quarantined"
     quarantined_at = time.monotonic()
 
-    state = _state(stack, bad_key)
+    state = key_state(stack, bad_key)
     assert state["status"] == "quarantined"
     assert state["attempts"] == 0
     assert state["error_code"] == "contract_violation"
@@ -267,7 +248,7 @@ def test_event_breaking_its_contract_is_quarantined_and_never_sent(
     good_key = _post(
         stack, envelope("strict-good", event_type="strict.lead", payload=good_payload)
     )["key"]
-    good = _finished(stack, good_key)
+    good = finished(stack, good_key)
     assert good["status"] == "succeeded"
     assert good["attempts"] == 1
 
@@ -278,7 +259,7 @@ def test_event_breaking_its_contract_is_quarantined_and_never_sent(
     wait_until(quiet_for_two_seconds, timeout=10)
     assert downstream.effects == {good_key: 1}
     assert [r["key"] for r in downstream.requests] == [good_key]
-    assert _state(stack, bad_key)["status"] == "quarantined"
+    assert key_state(stack, bad_key)["status"] == "quarantined"
     assert len(_dead_letters(stack.database_url, bad_key)) == 1
     assert _dead_letters(stack.database_url, good_key) == []
 

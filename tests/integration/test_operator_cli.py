@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from outbox.keys import mask_key
-from tests.support import ROOT, query
+from tests.support import ROOT, query, seed_pending_key
 
 Idem = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -494,3 +494,26 @@ def test_stats_json_matches_the_rows(own_database: str, idem: Idem) -> None:
     assert text.returncode == 0, text.stderr
     for label in ("keys by status", "failed final", "open dead letters", "leases reclaimed"):
         assert label in text.stdout
+
+
+def test_routes_pause_resume_and_stuck_say_what_waits(idem: Idem, own_database: str) -> None:
+    """`idem routes pause` holds a route on record, `idem routes` shows it paused with its
+    backlog, `idem stuck` does not count its keys but says how many wait there, and
+    `idem routes resume` queues them."""
+    key = seed_pending_key(own_database, "held-1")
+    query(own_database, "UPDATE idempotency_keys SET updated_at = now() - interval '1 hour'")
+    assert idem("routes", "pause", "nope", "--reason", "x").returncode == 2
+    paused = ok_json(idem("routes", "pause", "crm", "--reason", "CRM upgrade", "--json"))
+    assert paused == {"name": "crm", "paused": True, "changed": True}
+    listed = {r["name"]: r for r in ok_json(idem("routes", "--json"))}
+    assert (listed["crm"]["state"], listed["crm"]["backlog"]) == ("paused", 1)
+    assert listed["crm"]["paused_by"] == "tester"
+    stuck = idem("stuck", "--older-than", "1m", "--json")
+    assert stuck.returncode == 0 and json.loads(stuck.stdout) == []
+    assert "1 keys wait on paused or open routes (crm 1)" in stuck.stderr
+    stats = ok_json(idem("stats", "--json"))
+    assert stats["routes"] == {"crm": {"state": "paused", "backlog": 1, "probe_in_seconds": 0.0}}
+    resumed = ok_json(idem("routes", "resume", "crm", "--json"))
+    assert resumed == {"name": "crm", "paused": False, "changed": True, "queued": 1}
+    assert query(own_database, "SELECT idempotency_key FROM outbox") == [(key,)]
+    assert idem("stuck", "--older-than", "1m").returncode == 1

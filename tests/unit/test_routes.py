@@ -322,3 +322,21 @@ def test_non_utf8_file_is_a_routes_error(tmp_path: Path) -> None:
     path.write_bytes(b'[[routes]]\nmatch = "caf\xe9"\naction = "noop"\n')
     with pytest.raises(RoutesError, match=str(path)):
         load_routes(path)
+
+
+def test_route_protection_defaults_and_bounds() -> None:
+    """A route has no limits by default and a breaker of 5 failures, 10 s cool-down doubling
+    to 300 s; nonsensical limits and a cap below the cool-down are refused."""
+    route = Route(match="a.*", action="noop")
+    assert (route.max_in_flight, route.rate_per_second, route.burst) == (None, None, 1)
+    assert route.circuit_failure_threshold == 5
+    assert (route.circuit_cooldown_seconds, route.circuit_cooldown_cap_seconds) == (10.0, 300.0)
+    for bad in (
+        {"max_in_flight": 0},
+        {"rate_per_second": 0},
+        {"burst": 0},
+        {"circuit_failure_threshold": 0},
+        {"circuit_cooldown_seconds": 20, "circuit_cooldown_cap_seconds": 10},
+    ):
+        with pytest.raises(ValueError):
+            Route(match="a.*", action="noop", **bad)
