@@ -20,6 +20,10 @@ def _post(stack: Stack, body: bytes, headers: dict[str, str]) -> tuple[int, str]
     return answer.status_code, answer.json().get("error", "")
 
 
+def _signed_v1(body: bytes, stamp: int) -> dict[str, str]:
+    return {"X-Idem-Timestamp": str(stamp), "X-Idem-Signature": sign(WEBHOOK_SECRET, stamp, body)}
+
+
 def _body(external_id: str = "sig-1") -> bytes:
     return json.dumps(envelope(external_id, "noop.signed", source="Signed")).encode()
 
@@ -31,7 +35,7 @@ def test_a_correctly_signed_event_is_accepted(stack: Stack) -> None:
     status, _ = _post(
         stack,
         body,
-        {"X-Idem-Timestamp": str(stamp), "X-Idem-Signature": sign(WEBHOOK_SECRET, stamp, body)},
+        _signed_v1(body, stamp),
     )
     assert status == 202
     assert query(stack.database_url, "SELECT count(*) FROM idempotency_keys") == [(1,)]
@@ -76,7 +80,7 @@ def test_a_route_of_signed_sources_refuses_other_sources(stack: Stack) -> None:
     status, _ = _post(
         stack,
         body,
-        {"X-Idem-Timestamp": str(stamp), "X-Idem-Signature": sign(WEBHOOK_SECRET, stamp, body)},
+        _signed_v1(body, stamp),
     )
     assert status == 202
 
@@ -139,7 +143,7 @@ def test_require_signed_webhooks_refuses_sources_without_a_secret(
         signed = _post(
             strict,
             body,
-            {"X-Idem-Timestamp": str(stamp), "X-Idem-Signature": sign(WEBHOOK_SECRET, stamp, body)},
+            _signed_v1(body, stamp),
         )
     finally:
         strict.stop_all()
