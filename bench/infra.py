@@ -204,7 +204,8 @@ class Processes:
         # Each worker gets a metrics directory of its own (multiprocess mode).
         env["PROMETHEUS_MULTIPROC_DIR"] = str(self.log_dir / f"{name}-metrics")
         self.spawn(name, ["-m", "worker", "--concurrency", str(concurrency)], env)
-        self._waits[name] = lambda: self._wait_pool(name, concurrency)
+        prefork = self.extra_env.get("WORKER_POOL", "threads") == "prefork"
+        self._waits[name] = lambda: self._wait_pool(name, concurrency if prefork else 0)
 
     def start_naive(self, name: str = "naive") -> str:
         port = self.ports[name] = free_port()
@@ -238,7 +239,8 @@ class Processes:
         wait_until(ready, timeout, interval=0.05)
 
     def _wait_pool(self, name: str, concurrency: int, timeout: float = 60) -> None:
-        """A Celery worker is ready when it logged "ready." and its pool processes exist."""
+        """A Celery worker is ready when it logged "ready." and its pool processes exist (none
+        to wait for under the threads pool: pass 0)."""
         self._wait_log(name, " ready.", timeout)
         wait_until(lambda: len(children(self.processes[name].pid)) >= concurrency, timeout)
 

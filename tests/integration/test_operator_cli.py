@@ -345,6 +345,10 @@ def test_replay_with_a_stale_token_exits_1_and_changes_nothing(
     assert count(db, "SELECT count(*) FROM dead_letters WHERE resolution = 'open'") == 2
 
 
+FIRST_SECRET = "first-replay-secret-0123456789abcdef"
+SECOND_SECRET = "second-replay-secret-0123456789abcdef"
+
+
 def test_the_confirm_token_is_signed_with_the_configured_secret(
     own_database: str, idem: Idem
 ) -> None:
@@ -352,15 +356,25 @@ def test_the_confirm_token_is_signed_with_the_configured_secret(
     REPLAY_SECRET is refused (exit 1, nothing replayed); under the same secret it replays."""
     db = own_database
     add_dead_letter(db, add_key(db, "lead", "failed_final"))
-    dry = ok_json(idem("replay", "--status", "failed_final", "--json", REPLAY_SECRET="first"))
+    dry = ok_json(idem("replay", "--status", "failed_final", "--json", REPLAY_SECRET=FIRST_SECRET))
     other = idem(
-        "replay", "--status", "failed_final", "--confirm", dry["confirm"], REPLAY_SECRET="second"
+        "replay",
+        "--status",
+        "failed_final",
+        "--confirm",
+        dry["confirm"],
+        REPLAY_SECRET=SECOND_SECRET,
     )
     assert other.returncode == 1 and "the set changed; nothing replayed" in other.stderr
     assert count(db, "SELECT count(*) FROM replays") == 0
     assert count(db, "SELECT count(*) FROM outbox") == 0
     same = idem(
-        "replay", "--status", "failed_final", "--confirm", dry["confirm"], REPLAY_SECRET="first"
+        "replay",
+        "--status",
+        "failed_final",
+        "--confirm",
+        dry["confirm"],
+        REPLAY_SECRET=FIRST_SECRET,
     )
     assert same.returncode == 0, same.stderr
     assert count(db, "SELECT count(*) FROM idempotency_keys WHERE status = 'pending'") == 1
