@@ -81,14 +81,14 @@ def serve(
 @app.command()
 def relay() -> None:
     """Publish due outbox rows to the broker until stopped."""
-    from outbox.db import create_sync_engine
+    from outbox.db import create_relay_engine
     from outbox.publisher import create_publisher
     from outbox.relay import run_relay
 
     settings = _settings()
     stop = threading.Event()
     _stop_on_signals(stop)
-    engine = create_sync_engine(settings)
+    engine = create_relay_engine(settings)
     try:
         run_relay(settings, engine, create_publisher(settings), stop)
     finally:

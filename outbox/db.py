@@ -112,3 +112,9 @@ def create_sync_engine(
     )
     _without_data_in_errors(engine)
     return engine
+
+
+def create_relay_engine(settings: Settings) -> Engine:
+    """The relay's connection: autocommit, because each of its steps is one statement and no
+    transaction may be open while it publishes (the statement timeout bounds each step)."""
+    return create_sync_engine(settings, pool_size=1, autocommit=True)

@@ -30,9 +30,15 @@ def create_publisher(settings: Settings) -> Celery:
         task_serializer="json",
         accept_content=["json"],
         task_default_queue=TASK_QUEUE,
-        broker_connection_timeout=3,
+        broker_connection_timeout=settings.broker_timeout_seconds,
         broker_connection_retry_on_startup=True,
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout,
+            # A broker that accepts the connection and then stops answering must not hang
+            # the relay: every socket read and write is bounded, and the relay backs off.
+            "socket_connect_timeout": settings.broker_timeout_seconds,
+            "socket_timeout": settings.broker_timeout_seconds,
+        },
         task_publish_retry=False,
     )
     return app

@@ -105,34 +105,60 @@ GET_KEY: TextClause = text(
 
 # -- relay ------------------------------------------------------------------------------------
 
-FETCH_DUE_OUTBOX: TextClause = text(
+CLAIM_DUE_OUTBOX: TextClause = text(
     """
-    -- Lock a batch of due, unpublished rows. SKIP LOCKED keeps concurrent relays on disjoint
-    -- rows; selecting by state (not by id > last seen) never skips a late-committing row.
-    SELECT id, idempotency_key, task_name, correlation_id
-      FROM outbox
-     WHERE published_at IS NULL AND available_at <= now()
-     ORDER BY available_at, id
-     LIMIT :limit
-       FOR UPDATE SKIP LOCKED
+    -- Take a batch of due, unpublished rows that no relay holds, and hold them for
+    -- :lease_seconds: committed at once, so the publish that follows runs with no transaction
+    -- open. SKIP LOCKED and the lease keep concurrent relays on disjoint rows; selecting by
+    -- state (not by id > last seen) never skips a late-committing row. A relay that dies
+    -- before marking leaves its rows to whichever relay comes after the lease (a second
+    -- publish is harmless: the worker's claim refuses a finished or held key).
+    WITH due AS (
+        SELECT id
+          FROM outbox
+         WHERE published_at IS NULL AND available_at <= now()
+           AND (claimed_until IS NULL OR claimed_until < now())
+         ORDER BY available_at, id
+         LIMIT :limit
+           FOR UPDATE SKIP LOCKED
+    )
+    UPDATE outbox o
+       SET claimed_until = now() + make_interval(secs => :lease_seconds),
+           publish_attempts = o.publish_attempts + 1
+      FROM due
+     WHERE o.id = due.id
+    RETURNING o.id, o.idempotency_key, o.task_name, o.correlation_id, o.available_at,
+              EXTRACT(EPOCH FROM now() - o.available_at)::float8 AS waited_seconds
     """
 )
 
 MARK_PUBLISHED: TextClause = text(
     """
-    -- In the same transaction as the fetch: a row is marked only after its message was sent.
+    -- After the send: a row is marked only once its message is in the broker.
     UPDATE outbox
-       SET published_at = now(), publish_attempts = publish_attempts + 1
-     WHERE id = ANY(:ids)
+       SET published_at = now(), claimed_until = NULL
+     WHERE id = ANY(:ids) AND published_at IS NULL
+    """
+)
+
+RELEASE_OUTBOX_CLAIM: TextClause = text(
+    """
+    -- The broker refused a batch: give its unsent rows back at once instead of at the end
+    -- of the lease, so any relay may try them again after its backoff.
+    UPDATE outbox
+       SET claimed_until = NULL
+     WHERE id = ANY(:ids) AND published_at IS NULL
     """
 )
 
 SECONDS_UNTIL_NEXT_DUE: TextClause = text(
     """
-    -- How long the relay may sleep before a scheduled row (a retry) falls due.
+    -- How long the relay may sleep before a row nobody holds falls due (a retry, or a row
+    -- whose holder's lease ended). Rows another relay holds are that relay's to publish; if
+    -- it dies, the poll finds them once its lease is over.
     SELECT EXTRACT(EPOCH FROM min(available_at) - now())
       FROM outbox
-     WHERE published_at IS NULL
+     WHERE published_at IS NULL AND (claimed_until IS NULL OR claimed_until < now())
     """
 )
 

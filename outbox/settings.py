@@ -44,6 +44,20 @@ class Settings(BaseSettings):
     # Rows locked and published per transaction: large enough to amortise the round trips,
     # small enough that a crash re-publishes little.
     relay_batch_size: int = Field(default=500, ge=1, le=10_000)
+    # How long a relay holds the rows it took before another relay may take them: far above
+    # one publish (bounded by broker_timeout_seconds), short enough that rows of a relay
+    # killed mid-publish wait half a minute, not until someone notices.
+    relay_claim_seconds: float = Field(default=30.0, gt=0)
+    # Pacing: once the rows a relay takes have waited longer than relay_backlog_age_seconds
+    # (a backlog after an outage, not fresh events), it publishes at most relay_backlog_rate
+    # rows per second and leaves the rest of the CPU to the receivers. Workers take a few
+    # hundred events per second per host, so a faster drain only moves the backlog from the
+    # database into Redis. 0 publishes as fast as the relay can.
+    relay_backlog_rate: float = Field(default=2000.0, ge=0)
+    relay_backlog_age_seconds: float = Field(default=5.0, ge=0)
+    # A publish (socket connect, send, answer) never waits longer than this for the broker;
+    # then the relay backs off and the rows stay due.
+    broker_timeout_seconds: float = Field(default=5.0, gt=0)
 
     # The worker. A lease long enough for a slow CRM call, short enough that a crashed
     # worker's key is recovered within a minute.
