@@ -15,6 +15,10 @@ from outbox.settings import Settings
 # Errors that mean "the database is not there right now", as opposed to a bug in a statement.
 UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57")
 
+# application_name of each process kind's connections (the worker's are plain "idem").
+RECEIVER = "idem-receiver"
+RELAY = "idem-relay"
+
 # Every engine hides bound parameters from its errors' text. They hold full keys, payloads and
 # stored results, and an error's text travels: into Celery's failure tracebacks, the relay's
 # and sweeper's `detail` fields, a 500's traceback. An error keeps the SQL and the database's
@@ -48,11 +52,12 @@ def _without_data_in_errors(engine: Engine) -> None:
     event.listen(engine, "handle_error", _primary_message_only)
 
 
-def _connect_args(settings: Settings) -> dict[str, Any]:
+def _connect_args(settings: Settings, application_name: str = "idem") -> dict[str, Any]:
     return {
         # libpq wants whole seconds, at least 2.
         "connect_timeout": max(2, math.ceil(settings.db_timeout_seconds)),
-        "application_name": "idem",
+        # pg_stat_activity tells the process kinds apart (README's connection budget).
+        "application_name": application_name,
         # No statement waits longer than a request may: a lock or a hung server is an error.
         "options": f"-c statement_timeout={int(settings.db_timeout_seconds * 1000)}",
     }
@@ -74,7 +79,7 @@ def create_receiver_engine(settings: Settings) -> AsyncEngine:
         pool_timeout=settings.db_timeout_seconds,
         pool_recycle=3600,
         hide_parameters=HIDE_PARAMETERS,
-        connect_args=_connect_args(settings),
+        connect_args=_connect_args(settings, RECEIVER),
     )
     _without_data_in_errors(engine.sync_engine)
     return engine
@@ -87,6 +92,7 @@ def create_sync_engine(
     max_overflow: int = 2,
     pre_ping: bool = True,
     autocommit: bool = False,
+    application_name: str = "idem",
 ) -> Engine:
     """A small pool for a relay or a worker process (one statement at a time per thread).
 
@@ -108,7 +114,7 @@ def create_sync_engine(
         pool_pre_ping=pre_ping,
         pool_recycle=3600,
         hide_parameters=HIDE_PARAMETERS,
-        connect_args=_connect_args(settings),
+        connect_args=_connect_args(settings, application_name),
     )
     _without_data_in_errors(engine)
     return engine
@@ -117,4 +123,4 @@ def create_sync_engine(
 def create_relay_engine(settings: Settings) -> Engine:
     """The relay's connection: autocommit, because each of its steps is one statement and no
     transaction may be open while it publishes (the statement timeout bounds each step)."""
-    return create_sync_engine(settings, pool_size=1, autocommit=True)
+    return create_sync_engine(settings, pool_size=1, autocommit=True, application_name=RELAY)

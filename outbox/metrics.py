@@ -2,7 +2,10 @@
 
 State (keys by status, backlog, lag, dead letters, duplicates, reclaimed leases) is read from
 the database at scrape time, so every replica reports the same truth and nothing is lost when a
-process restarts. What only the receiver sees (accepted events, payload conflicts) is counted in
+process restarts. No scrape reads every key (see `stats.collect`): on a large table the
+succeeded count is an estimate, and `idem_keys_estimated` says so.
+
+What only the receiver sees (accepted events, payload conflicts) is counted in
 the process. Workers serve their own counters (attempt outcomes, action latency) from Celery's
 prefork children through prometheus-client's multiprocess mode.
 """
@@ -46,6 +49,14 @@ class DatabaseCollector(Collector):
         for status, count in now["keys_by_status"].items():
             keys.add_metric([status], count)
         yield keys
+        estimated = GaugeMetricFamily(
+            "idem_keys_estimated",
+            "1 where idem_keys is estimated from the table's size (succeeded, above 100 000 "
+            "keys), 0 where it is counted.",
+            labels=["status"],
+        )
+        estimated.add_metric(["succeeded"], int(now["keys_succeeded_estimated"]))
+        yield estimated
         backlog = GaugeMetricFamily("idem_outbox_backlog", "Unpublished outbox rows due now.")
         backlog.add_metric([], now["outbox"]["due"])
         yield backlog

@@ -103,12 +103,49 @@ RECORD_REPLAY: TextClause = text(
     """
 )
 
-STATS_KEYS: TextClause = text(
+STATS_KEYS_UNFINISHED: TextClause = text(
     """
-    SELECT status, count(*) AS keys, COALESCE(sum(duplicate_count), 0) AS duplicates,
-           COALESCE(sum(blocked_deliveries), 0) AS blocked,
-           COALESCE(sum(reclaimed_count), 0) AS reclaimed
-      FROM idempotency_keys GROUP BY status
+    -- Exact counts of every status but succeeded, each through its partial index, so the
+    -- cost follows the keys in these states, not the table (a million succeeded keys are
+    -- never read).
+    SELECT status, count(*) AS keys FROM idempotency_keys
+     WHERE status IN ('pending', 'failed_retryable') GROUP BY status
+    UNION ALL
+    SELECT 'processing', count(*) FROM idempotency_keys WHERE status = 'processing'
+    UNION ALL
+    SELECT status, count(*) FROM idempotency_keys
+     WHERE status IN ('failed_final', 'quarantined') GROUP BY status
+    """
+)
+
+STATS_KEYS_ESTIMATE: TextClause = text(
+    """
+    -- The table's rows as the planner estimates them: the density at the last ANALYZE
+    -- times the pages the table has now (no rows are read). NULL before the first ANALYZE.
+    SELECT CASE WHEN c.reltuples < 0 THEN NULL
+                WHEN c.relpages = 0 THEN c.reltuples
+                ELSE c.reltuples / c.relpages
+                     * (pg_relation_size(c.oid) / current_setting('block_size')::int)
+           END AS estimate
+      FROM pg_class c
+     WHERE c.oid = 'idempotency_keys'::regclass
+    """
+)
+
+STATS_KEYS_SUCCEEDED: TextClause = text(
+    """
+    -- The exact count, used only while the table is small (see stats.EXACT_BELOW).
+    SELECT count(*) FROM idempotency_keys WHERE status = 'succeeded'
+    """
+)
+
+STATS_COUNTER_TOTALS: TextClause = text(
+    """
+    -- Repeats blocked and leases reclaimed, kept as they happen (migration 0004's trigger):
+    -- a handful of rows, never a sum over the keys.
+    SELECT COALESCE(sum(duplicates), 0) AS duplicates, COALESCE(sum(blocked), 0) AS blocked,
+           COALESCE(sum(reclaimed), 0) AS reclaimed
+      FROM key_counter_totals
     """
 )
 
@@ -141,15 +178,22 @@ STUCK_KEYS: TextClause = text(
     """
     -- Keys not finished long after their last change: a worker or broker problem to look at.
     -- A key waiting on a paused route or an open circuit is held on purpose, not stuck.
+    -- Two branches, each through its partial index (waiting keys, processing keys).
     SELECT idempotency_key, status, event_type, attempts, updated_at,
            EXTRACT(EPOCH FROM now() - updated_at) AS age_seconds
-      FROM idempotency_keys k
-     WHERE status IN ('pending', 'processing', 'failed_retryable')
-       AND updated_at < now() - make_interval(secs => :older_than_seconds)
-       AND (status <> 'failed_retryable' OR next_attempt_at < now())
-       AND (status = 'processing' OR NOT EXISTS (
-               SELECT 1 FROM route_state r
-                WHERE r.route = k.route AND (r.paused OR r.circuit <> 'closed')))
+      FROM (SELECT idempotency_key, status, event_type, attempts, updated_at
+              FROM idempotency_keys k
+             WHERE status IN ('pending', 'failed_retryable')
+               AND updated_at < now() - make_interval(secs => :older_than_seconds)
+               AND (status <> 'failed_retryable' OR next_attempt_at < now())
+               AND NOT EXISTS (
+                   SELECT 1 FROM route_state r
+                    WHERE r.route = k.route AND (r.paused OR r.circuit <> 'closed'))
+            UNION ALL
+            SELECT idempotency_key, status, event_type, attempts, updated_at
+              FROM idempotency_keys
+             WHERE status = 'processing'
+               AND updated_at < now() - make_interval(secs => :older_than_seconds)) unfinished
      ORDER BY updated_at
      LIMIT :limit
     """

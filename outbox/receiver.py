@@ -27,7 +27,7 @@ from outbox.access import FailureThrottle, require_token_or_loopback
 from outbox.answers import respond
 from outbox.claims_api import claims_router
 from outbox.console import console_router
-from outbox.db import create_receiver_engine, create_sync_engine
+from outbox.db import RECEIVER, create_receiver_engine, create_sync_engine
 from outbox.envelope import Envelope
 from outbox.fastpath import EVENTS_PATH, Receiver, read_body
 from outbox.jsonbody import parse_json
@@ -67,7 +67,9 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state["engine"] = create_receiver_engine(settings)
         # Operators, metrics and readiness use the synchronous stores in the thread pool.
-        state["sync_engine"] = create_sync_engine(settings, pool_size=2)
+        state["sync_engine"] = create_sync_engine(
+            settings, pool_size=2, application_name=RECEIVER
+        )
         try:
             yield
         finally:

@@ -40,11 +40,12 @@ def upgrade() -> None:
         "CREATE INDEX idempotency_keys_succeeded_idx ON idempotency_keys (updated_at)"
         " WHERE status = 'succeeded'"
     )
-    # Counting and replaying keys that ended in a failure (pending, failed_retryable and
-    # processing have partial indexes of their own since 0001).
+    # Counting final failures, and replaying any mix of failed states (a replay filter names
+    # them as one `status = ANY(...)`, which one partial index must cover; processing keys
+    # have theirs since 0001).
     op.execute(
-        "CREATE INDEX idempotency_keys_final_idx ON idempotency_keys (updated_at)"
-        " WHERE status IN ('failed_final', 'quarantined')"
+        "CREATE INDEX idempotency_keys_failed_idx ON idempotency_keys (updated_at)"
+        " WHERE status IN ('failed_retryable', 'failed_final', 'quarantined')"
     )
     # The chart's "failed per minute" (dead_letters_open_idx covers open ones only).
     op.execute("CREATE INDEX dead_letters_created_idx ON dead_letters (created_at)")
@@ -142,7 +143,7 @@ def downgrade() -> None:
     op.execute("DROP FUNCTION key_counter_totals_add()")
     op.execute("DROP TABLE key_counter_totals")
     op.execute("DROP INDEX dead_letters_created_idx")
-    op.execute("DROP INDEX idempotency_keys_final_idx")
+    op.execute("DROP INDEX idempotency_keys_failed_idx")
     op.execute("DROP INDEX idempotency_keys_succeeded_idx")
     op.execute("DROP INDEX idempotency_keys_created_idx")
     op.execute("DROP INDEX outbox_published_idx")

@@ -1,0 +1,198 @@
+"""The periodic and per-scrape paths read by index on a database with 1 000 000 keys and
+1 000 000 published outbox rows: every statement they send is EXPLAINed with its own
+parameters, and no plan scans either table from end to end (plans, never timings)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, event
+
+from outbox import purge, queries, relay, stats
+from outbox.console import charts
+from outbox.db import create_sync_engine
+from outbox.replay import ReplayRequest, plan
+from outbox.routes import load_routes
+from outbox.settings import Settings
+from tests.support import libpq
+
+KEYS = 1_000_000
+BIG_TABLES = {"idempotency_keys", "outbox"}
+
+
+def _build(db: str) -> None:
+    """A million keys over 30 days (nearly all succeeded, a few thousand in every other state),
+    each with a published outbox row, a thousand unpublished rows and some dead letters."""
+    import psycopg
+
+    with psycopg.connect(libpq(db), autocommit=True) as conn:
+        conn.execute("SET synchronous_commit = off")
+        conn.execute(
+            """
+            INSERT INTO idempotency_keys (idempotency_key, status, payload_hash, correlation_id,
+                                          source, event_type, route, locked_until, created_at,
+                                          updated_at, expires_at)
+            SELECT 'k' || lpad(g::text, 7, '0'),
+                   CASE WHEN g %% 1000 = 1 THEN 'failed_final'
+                        WHEN g %% 1000 = 2 THEN 'pending'
+                        WHEN g %% 1000 = 3 THEN 'failed_retryable'
+                        WHEN g %% 1000 = 4 THEN 'processing'
+                        WHEN g %% 1000 = 5 THEN 'quarantined'
+                        ELSE 'succeeded' END,
+                   'h', 'c', 'src', 'crm.lead.created', 'default',
+                   CASE WHEN g %% 1000 = 4 THEN now() + interval '30 seconds' END,
+                   now() - make_interval(secs => (g %% 2592000)),
+                   now() - make_interval(secs => (g %% 2592000)) + interval '1 second',
+                   now() + interval '30 days'
+              FROM generate_series(1, %(n)s) g
+            """,
+            {"n": KEYS},
+        )
+        conn.execute(
+            """
+            INSERT INTO outbox (idempotency_key, task_name, correlation_id, available_at,
+                                published_at, publish_attempts)
+            SELECT 'k' || lpad(g::text, 7, '0'), 'idem.process', 'c',
+                   now() - make_interval(secs => (g %% 518400)),
+                   now() - make_interval(secs => (g %% 518400)) + interval '1 second', 1
+              FROM generate_series(1, %(n)s) g
+            """,
+            {"n": KEYS},
+        )
+        conn.execute(
+            "INSERT INTO outbox (idempotency_key, task_name, correlation_id)"
+            " SELECT 'k' || lpad(g::text, 7, '0'), 'idem.process', 'c'"
+            "   FROM generate_series(2, %(n)s, 1000) g",
+            {"n": KEYS},
+        )
+        conn.execute(
+            """
+            INSERT INTO dead_letters (idempotency_key, kind, error_code, attempts,
+                                      first_failed_at, last_failed_at)
+            SELECT 'k' || lpad(g::text, 7, '0'), 'permanent', 'http_422', 1, now(), now()
+              FROM generate_series(1, %(n)s, 1000) g
+            """,
+            {"n": KEYS},
+        )
+        conn.execute("VACUUM ANALYZE idempotency_keys")
+        conn.execute("VACUUM ANALYZE outbox")
+        conn.execute("VACUUM ANALYZE dead_letters")
+
+
+@pytest.fixture(scope="module")
+def big(pg_admin_url: str, template_database: str) -> Iterator[str]:
+    from tests.conftest import _copy_of_template
+
+    with _copy_of_template(pg_admin_url, template_database) as url:
+        _build(url)
+        yield url
+
+
+@pytest.fixture(scope="module")
+def explained(big: str) -> Iterator[tuple[Engine, list[tuple[str, Any]]]]:
+    """An engine that EXPLAINs every statement it sends, with its parameters, first."""
+    engine = create_sync_engine(Settings(database_url=big, redis_url="redis://unused"))
+    plans: list[tuple[str, Any]] = []
+
+    def explain(_: Any, cursor: Any, statement: str, parameters: Any, *__: Any) -> None:
+        if statement.lstrip().upper().startswith(("SELECT", "WITH", "UPDATE", "DELETE", "--")):
+            cursor.execute("EXPLAIN (FORMAT JSON) " + statement, parameters)
+            plans.append((statement, cursor.fetchone()[0]))
+
+    event.listen(engine, "before_cursor_execute", explain)
+    yield engine, plans
+    engine.dispose()
+
+
+def _seq_scans(node: dict[str, Any]) -> list[str]:
+    found = []
+    if node.get("Node Type") == "Seq Scan" and node.get("Relation Name") in BIG_TABLES:
+        found.append(node["Relation Name"])
+    for child in node.get("Plans", []):
+        found += _seq_scans(child)
+    return found
+
+
+def _plans_of(
+    explained: tuple[Engine, list[tuple[str, Any]]], path: Callable[[Engine], Any]
+) -> list[tuple[str, Any]]:
+    engine, plans = explained
+    plans.clear()
+    path(engine)
+    assert plans, "the path sent no statement"
+    return list(plans)
+
+
+def _replay_failed(engine: Engine) -> None:
+    with engine.connect() as conn:
+        plan(conn, ReplayRequest(statuses=["failed_final"], limit=100), load_routes(None))
+
+
+def _replay_window(engine: Engine) -> None:
+    with engine.connect() as conn:
+        plan(
+            conn,
+            ReplayRequest(statuses=["quarantined", "failed_retryable"], since="2h", limit=100),
+            load_routes(None),
+        )
+
+
+PATHS: dict[str, Callable[[Engine], Any]] = {
+    "sweeper's purge and prune": lambda e: purge.purge(e, dry_run=False, max_batches=1),
+    "/metrics and /v1/stats": stats.collect,
+    "console chart": charts.per_minute,
+    "replay of final failures": _replay_failed,
+    "replay of a window": _replay_window,
+    "stuck keys": lambda e: stats.stuck(e, 300),
+    "relay's idle check": relay.seconds_until_next_due,
+}
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("path", list(PATHS))
+def test_no_full_scan_of_keys_or_outbox(
+    path: str, explained: tuple[Engine, list[tuple[str, Any]]]
+) -> None:
+    """With a million keys and a million published outbox rows, no statement of this path
+    plans a sequential scan of either table."""
+    plans = _plans_of(explained, PATHS[path])
+    offending = {
+        statement.strip().splitlines()[0]: scans
+        for statement, document in plans
+        if (scans := _seq_scans(document[0]["Plan"]))
+    }
+    assert not offending, json.dumps(offending, indent=1)
+
+
+def test_succeeded_keys_are_estimated_on_a_large_table(
+    explained: tuple[Engine, list[tuple[str, Any]]],
+) -> None:
+    """Above the exact-count size the succeeded count is an estimate within a few percent,
+    marked as one, and the other statuses stay exact."""
+    engine, _ = explained
+    found = stats.collect(engine)
+    assert found["keys_succeeded_estimated"] is True
+    assert abs(found["keys_by_status"]["succeeded"] - 995_000) < 0.05 * 995_000
+    exact = {s: found["keys_by_status"][s] for s in stats.STATUSES if s != "succeeded"}
+    assert exact == dict.fromkeys(exact, 1000)
+
+
+def test_the_relay_claim_reads_by_index(big: str) -> None:
+    """The relay's claim takes its batch through the unpublished rows' index."""
+    import psycopg
+
+    statement = (
+        str(queries.CLAIM_DUE_OUTBOX)
+        .replace(":limit", "%(limit)s")
+        .replace(":lease_seconds", "%(lease)s")
+    )
+    with psycopg.connect(libpq(big)) as conn:
+        document = conn.execute(
+            "EXPLAIN (FORMAT JSON) " + statement, {"limit": 500, "lease": 30}
+        ).fetchone()
+        conn.rollback()
+    assert document is not None
+    assert _seq_scans(document[0][0]["Plan"]) == []
