@@ -128,7 +128,12 @@ def _plans_of(
 
 def _replay_failed(engine: Engine) -> None:
     with engine.connect() as conn:
-        plan(conn, ReplayRequest(statuses=["failed_final"], limit=100), load_routes(None))
+        plan(
+            conn,
+            ReplayRequest(statuses=["failed_final"], limit=100),
+            load_routes(None),
+            secret=b"s",
+        )
 
 
 def _replay_window(engine: Engine) -> None:
@@ -137,6 +142,7 @@ def _replay_window(engine: Engine) -> None:
             conn,
             ReplayRequest(statuses=["quarantined", "failed_retryable"], since="2h", limit=100),
             load_routes(None),
+            secret=b"s",
         )
 
 
