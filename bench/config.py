@@ -33,6 +33,11 @@ class Profile:
     memory_budget_seconds: float
     # Provider webhooks: distinct signed events per run.
     webhook_events: int
+    # Slow downstreams: each run offers what the bound (attempts in flight / the downstream's
+    # delay) carries in `slow_seconds`, at least `slow_min_events`; `slow_runs` rounds.
+    slow_seconds: float
+    slow_min_events: int
+    slow_runs: int
 
 
 FULL = Profile(
@@ -53,6 +58,9 @@ FULL = Profile(
     memory_step=50_000,
     memory_budget_seconds=270.0,
     webhook_events=1000,
+    slow_seconds=15.0,
+    slow_min_events=40,
+    slow_runs=3,
 )
 
 SMOKE = Profile(
@@ -73,4 +81,7 @@ SMOKE = Profile(
     memory_step=200,
     memory_budget_seconds=0.0,
     webhook_events=200,
+    slow_seconds=1.0,
+    slow_min_events=8,
+    slow_runs=1,
 )

@@ -28,11 +28,21 @@ class Bench:
     console: Console
     started: float = field(default_factory=time.monotonic)
 
-    def processes(self, database_url: str, label: str, **extra_env: str) -> Processes:
+    def processes(
+        self,
+        database_url: str,
+        label: str,
+        extra_env: dict[str, str] | None = None,
+        routes_file: Path | None = None,
+    ) -> Processes:
         log_dir = self.work / label
         log_dir.mkdir(parents=True, exist_ok=True)
         return Processes(
-            database_url, self.redis.url, log_dir, self.routes_file, extra_env=dict(extra_env)
+            database_url,
+            self.redis.url,
+            log_dir,
+            routes_file or self.routes_file,
+            extra_env=dict(extra_env or {}),
         )
 
     def say(self, message: str) -> None:

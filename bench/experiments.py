@@ -46,7 +46,7 @@ def ingest(bench: Bench, names: list[str]) -> None:
     variants = {name: INGEST_VARIANTS[name] for name in ["defaults", *names] if name}
     known = 1000
     url = bench.dbs.create("exp_ingest")
-    stacks = {name: bench.processes(url, f"exp-{name}", **env) for name, env in variants.items()}
+    stacks = {name: bench.processes(url, f"exp-{name}", env) for name, env in variants.items()}
     try:
         urls = {name: procs.start_receiver(name) for name, procs in stacks.items()}
         for procs in stacks.values():
@@ -103,7 +103,7 @@ def e2e(bench: Bench, variants: list[str]) -> None:
     receivers: dict[str, str] = {}
     try:
         for number, name in enumerate(urls, start=2):
-            procs = bench.processes(urls[name], f"exp-e2e-{name}", **E2E_VARIANTS[name])
+            procs = bench.processes(urls[name], f"exp-e2e-{name}", E2E_VARIANTS[name])
             # A Redis database of each pipeline's own: the two workers never share a queue.
             procs.redis_url = bench.redis.url.rsplit("/", 1)[0] + f"/{number}"
             stacks[name] = procs

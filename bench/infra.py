@@ -57,6 +57,13 @@ def scalar(url: str, statement: str, params: Any = None) -> Any:
     return rows[0][0] if rows else None
 
 
+def worker_pool_default() -> str:
+    """The worker's pool when none is named (WORKER_POOL, else the settings' default)."""
+    from outbox.settings import Settings
+
+    return os.environ.get("WORKER_POOL") or str(Settings.model_fields["worker_pool"].default)
+
+
 def wait_until(condition: Callable[[], Any], timeout: float, interval: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -193,19 +200,25 @@ class Processes:
         self._waits[name] = lambda: self._wait_port(name)
         return self.url(name)
 
-    def start_relay(self, name: str = "relay") -> None:
-        self.spawn(name, ["-m", "outbox.cli", "relay"])
+    def start_relay(self, name: str = "relay", **env: str) -> None:
+        """A relay; `env` overrides settings for this one (e.g. RELAY_BACKLOG_RATE="0")."""
+        self.spawn(name, ["-m", "outbox.cli", "relay"], {**self.env(), **env} if env else None)
         self._waits[name] = lambda: self._wait_log(name, "relay.started")
 
-    def start_worker(self, name: str = "worker", concurrency: int = 2) -> None:
+    def start_worker(
+        self, name: str = "worker", concurrency: int = 2, pool: str | None = None
+    ) -> None:
+        """A gateway worker; `pool` None keeps the worker's default (WORKER_POOL)."""
         port = self.ports[name] = free_port()
         env = self.env()
         env["WORKER_METRICS_PORT"] = str(port)
         # Each worker gets a metrics directory of its own (multiprocess mode).
         env["PROMETHEUS_MULTIPROC_DIR"] = str(self.log_dir / f"{name}-metrics")
-        self.spawn(name, ["-m", "worker", "--concurrency", str(concurrency)], env)
-        prefork = self.extra_env.get("WORKER_POOL", "threads") == "prefork"
-        self._waits[name] = lambda: self._wait_pool(name, concurrency if prefork else 0)
+        pool_args = ["--pool", pool] if pool else []
+        self.spawn(name, ["-m", "worker", "--concurrency", str(concurrency), *pool_args], env)
+        chosen = pool or self.extra_env.get("WORKER_POOL") or worker_pool_default()
+        processes = concurrency if chosen == "prefork" else 0
+        self._waits[name] = lambda: self._wait_pool(name, processes)
 
     def start_naive(self, name: str = "naive") -> str:
         port = self.ports[name] = free_port()
@@ -213,9 +226,23 @@ class Processes:
         self._waits[name] = lambda: self._wait_port(name)
         return self.url(name)
 
-    def start_naive_worker(self, name: str = "naive-worker", concurrency: int = 2) -> None:
-        self.spawn(name, ["-m", "bench.naive", "worker", "--concurrency", str(concurrency)])
-        self._waits[name] = lambda: self._wait_pool(name, concurrency)
+    def start_naive_worker(
+        self,
+        name: str = "naive-worker",
+        concurrency: int = 2,
+        pool: str = "prefork",
+        downstream: str = "",
+    ) -> None:
+        args = ["--concurrency", str(concurrency), "--pool", pool, "--downstream", downstream]
+        self.spawn(name, ["-m", "bench.naive", "worker", *args])
+        self._waits[name] = lambda: self._wait_pool(name, concurrency if pool == "prefork" else 0)
+
+    def start_downstream(self, delay: float, name: str = "downstream") -> str:
+        """The fake downstream (bench.downstream), answering after `delay` seconds."""
+        port = self.ports[name] = free_port()
+        self.spawn(name, ["-m", "bench.downstream", "--port", str(port), "--delay", str(delay)])
+        self._waits[name] = lambda: self._wait_port(name)
+        return self.url(name)
 
     def ready(self) -> None:
         """Wait until every process started so far is ready."""

@@ -2,11 +2,13 @@
 
 `python -m bench.naive serve --port P`: a bare uvicorn endpoint (same server options as `idem
 serve`) that calls Celery's `send_task` directly and answers 202.
-`python -m bench.naive worker --concurrency 2`: a Celery worker with the gateway worker's
-settings (prefork, prefetch 1, acks_late, reject on worker lost, JSON, no task events as in the
-gateway's default WORKER_TASK_EVENTS=false, no mingle or gossip, log level INFO) whose task
-INCRs a counter in Redis and pushes "accept done" (both `time.time()` on this machine) onto a
-list, from which the benchmark reads latencies.
+`python -m bench.naive worker --concurrency 2 [--pool threads] [--downstream URL]`: a Celery
+worker with the gateway worker's settings (prefetch 1, acks_late, reject on worker lost, JSON,
+no task events as in the gateway's default WORKER_TASK_EVENTS=false, no mingle or gossip, log
+level INFO) whose task POSTs to the downstream when one is given (the same call the gateway's
+http action makes, Idempotency-Key included, no claim, no lease), then INCRs a counter in Redis
+and pushes "accept done" (both `time.time()` on this machine) onto a list, from which the
+benchmark reads latencies.
 
 REDIS_URL names the broker; the queue, counter and list live in Redis database NAIVE_DB.
 """
@@ -119,16 +121,29 @@ def serve(port: int) -> None:
     )
 
 
-def worker(concurrency: int) -> None:
+def worker(concurrency: int, pool: str = "prefork", downstream: str = "") -> None:
+    import httpx
+
     logging.basicConfig(stream=sys.stderr, level=logging.INFO)
     app = celery_app("naive")
-    state: dict[str, redis.Redis] = {}
+    state: dict[str, Any] = {}
 
     @app.task(name=TASK, ignore_result=True)  # type: ignore[untyped-decorator]
     def noop(external_id: str, accepted: float) -> None:
         client = state.get("redis")
         if client is None:
             client = state["redis"] = redis.Redis.from_url(broker_url())
+        if downstream:
+            http = state.get("http")
+            if http is None:
+                # One pool per process, shared by its threads, as large as the concurrency.
+                limits = httpx.Limits(max_connections=concurrency)
+                http = state["http"] = httpx.Client(limits=limits, timeout=10.0)
+            http.post(
+                downstream,
+                json={"external_id": external_id},
+                headers={"Idempotency-Key": external_id},
+            ).raise_for_status()
         client.incr(COUNTER)
         client.rpush(TIMES, f"{accepted} {time.time()}")
 
@@ -140,7 +155,7 @@ def worker(concurrency: int) -> None:
             "--concurrency",
             str(concurrency),
             "--pool",
-            "prefork",
+            pool,
             "--loglevel",
             "INFO",
             "--hostname",
@@ -156,11 +171,13 @@ def main() -> None:
     parser.add_argument("role", choices=["serve", "worker"])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--pool", choices=["prefork", "threads"], default="prefork")
+    parser.add_argument("--downstream", default="")
     args = parser.parse_args()
     if args.role == "serve":
         serve(args.port)
     else:
-        worker(args.concurrency)
+        worker(args.concurrency, args.pool, args.downstream)
 
 
 if __name__ == "__main__":

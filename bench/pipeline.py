@@ -45,10 +45,11 @@ def idem_times(url: str, source: str) -> list[tuple[float, float]]:
 
 
 class Naive:
-    def __init__(self, bench: Bench, procs: Processes) -> None:
+    def __init__(self, bench: Bench, procs: Processes, **worker: Any) -> None:
+        """The naive endpoint and its worker (`worker`: start_naive_worker's options)."""
         self.client = bench.redis.client(NAIVE_DB)
         self.url = procs.start_naive()
-        procs.start_naive_worker()
+        procs.start_naive_worker(**worker)
 
     def reset(self) -> None:
         self.client.delete(TIMES, COUNTER)

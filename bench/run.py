@@ -19,14 +19,14 @@ from typing import Any
 
 from rich.console import Console
 
-from bench import drain, growth, ingest, memory, pipeline, webhooks
+from bench import drain, growth, ingest, memory, pipeline, slow, webhooks
 from bench.config import FULL, SMOKE, Profile
 from bench.context import Bench
 from bench.infra import DEFAULT_ADMIN_URL, NOOP_ROUTES, Databases, RedisServer, scratch_dir
 from bench.machine import facts
 from bench.report import Check, checks_json, print_report, write_json
 
-SECTIONS = ("ingest", "duplicates", "e2e", "relay", "growth", "memory", "webhooks")
+SECTIONS = ("ingest", "duplicates", "e2e", "relay", "growth", "memory", "webhooks", "slow")
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 
 
@@ -52,6 +52,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "(env BENCH_DATABASE_ADMIN_URL)",
     )
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
+    parser.add_argument(
+        "--slow-pool",
+        choices=["threads", "prefork"],
+        default=None,
+        help="the worker pool of the slow-downstream section (default: the worker's)",
+    )
+    parser.add_argument(
+        "--slow-concurrency",
+        type=int,
+        default=None,
+        help="attempts in flight per worker in the slow-downstream section (default: the worker's)",
+    )
     return parser.parse_args(argv)
 
 
@@ -151,6 +163,14 @@ def main(argv: list[str] | None = None) -> int:
                         checks.extend(found)
 
                     section("webhooks", do_webhooks)
+                if "slow" in wanted:
+
+                    def do_slow() -> None:
+                        shape = slow.Shape(args.slow_pool, args.slow_concurrency)
+                        document["slow"], found = slow.run(bench, shape)
+                        checks.extend(found)
+
+                    section("slow", do_slow)
             finally:
                 redis_server.stop()
     finally:

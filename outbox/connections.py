@@ -4,7 +4,7 @@ Each process kind keeps a bounded pool, independent of how many attempts or requ
 flight (README, "Sizing"):
 
     receiver   DB_POOL_SIZE (20) async + 2 sync (operators, metrics, readiness)
-    relay      2 (+2 overflow) + 1 listening for NOTIFY
+    relay      1 + 1 listening for NOTIFY
     sweeper    2 (+2 overflow)
     worker     (WORKER_DB_POOL_SIZE (4) + 1 for the lease keeper) per process; under prefork
                per child, times WORKER_CONCURRENCY

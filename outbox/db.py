@@ -121,6 +121,9 @@ def create_sync_engine(
 
 
 def create_relay_engine(settings: Settings) -> Engine:
-    """The relay's connection: autocommit, because each of its steps is one statement and no
-    transaction may be open while it publishes (the statement timeout bounds each step)."""
-    return create_sync_engine(settings, pool_size=1, autocommit=True, application_name=RELAY)
+    """The relay's connection: one (its loop sends one statement at a time), in autocommit,
+    because each of its steps is one statement and no transaction may be open while it
+    publishes; the statement timeout bounds each step."""
+    return create_sync_engine(
+        settings, pool_size=1, max_overflow=0, autocommit=True, application_name=RELAY
+    )

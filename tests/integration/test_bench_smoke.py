@@ -22,6 +22,7 @@ SECTIONS = (
     "growth",
     "memory",
     "webhooks",
+    "slow",
     "checks",
 )
 
@@ -38,7 +39,7 @@ def _numbers(value: Any) -> list[float]:
     return []
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)
 def test_bench_smoke_writes_every_section(pg_admin_url: str, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     done = subprocess.run(
@@ -55,7 +56,7 @@ def test_bench_smoke_writes_every_section(pg_admin_url: str, tmp_path: Path) -> 
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=400,
         check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -78,4 +79,5 @@ def test_bench_smoke_writes_every_section(pg_admin_url: str, tmp_path: Path) -> 
         "5 growth",
         "6 memory",
         "7 webhooks",
+        "8 slow downstream",
     }
