@@ -32,6 +32,7 @@ from celery import Celery
 from sqlalchemy import Engine, make_url
 
 from outbox import queries
+from outbox.db import RELAY
 from outbox.heartbeat import Heartbeat
 from outbox.logs import get_logger
 from outbox.publisher import OutboxMessage, publish
@@ -153,7 +154,9 @@ class Listener:
         timeout = max(0.0, timeout)
         try:
             if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=3)
+                self._conn = psycopg.connect(
+                    self._dsn, autocommit=True, connect_timeout=3, application_name=RELAY
+                )
                 self._conn.execute(f"LISTEN {self._channel}")
             pgconn = self._conn.pgconn
             readable, _, _ = select.select([pgconn.socket], [], [], timeout)
