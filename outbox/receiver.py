@@ -67,9 +67,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state["engine"] = create_receiver_engine(settings)
         # Operators, metrics and readiness use the synchronous stores in the thread pool.
-        state["sync_engine"] = create_sync_engine(
-            settings, pool_size=2, application_name=RECEIVER
-        )
+        state["sync_engine"] = create_sync_engine(settings, pool_size=2, application_name=RECEIVER)
         try:
             yield
         finally:
