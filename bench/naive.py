@@ -21,21 +21,17 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import redis
+
+from bench.asgi import Receive, Scope, Send, answer_lifespan
 
 QUEUE = "naive"
 TASK = "bench.naive"
 COUNTER = "bench:naive:done"
 TIMES = "bench:naive:times"
 NAIVE_DB = 1
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 
 def broker_url() -> str:
@@ -76,12 +72,8 @@ class NaiveEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                kind = message["type"].rsplit(".", 1)[-1]
-                await send({"type": f"lifespan.{kind}.complete"})
-                if kind == "shutdown":
-                    return
+            await answer_lifespan(receive, send)
+            return
         chunks = []
         while True:
             message = await receive()

@@ -14,7 +14,7 @@ from typing import Any
 
 from bench.context import Bench
 from bench.infra import Processes, scalar, sql, wait_until
-from bench.load import Spec, generate, percentile
+from bench.load import Result, Spec, generate, percentile
 from bench.naive import COUNTER, NAIVE_DB, TIMES
 from bench.procfs import cpu_seconds, tree_cpu_seconds
 from bench.report import Check, median
@@ -53,6 +53,17 @@ class Naive:
 
     def reset(self) -> None:
         self.client.delete(TIMES, COUNTER)
+
+    def open_loop(
+        self, rate: float, duration: float, timeout: float
+    ) -> tuple[Result, list[tuple[float, float]]]:
+        """Offer `rate` events/s for `duration` s on a fixed schedule; the run and the
+        (accepted, done) times of what it offered."""
+        self.reset()
+        offered = generate(
+            Spec(url=self.url, mode="naive", concurrency=64, rate=rate, duration=duration)
+        )
+        return offered, self.times(offered.ok, timeout)
 
     def times(self, expected: int, timeout: float) -> list[tuple[float, float]]:
         wait_until(lambda: int(self.client.llen(TIMES)) >= expected, timeout, interval=0.1)
@@ -195,17 +206,7 @@ def run(bench: Bench) -> tuple[dict[str, Any], list[Check]]:
             times = idem_times(url, source)
             latency["idem"].append(_latency(best["idem"] / 2, offered.rate, times, offered.errors))
 
-            naive.reset()
-            offered = generate(
-                Spec(
-                    url=naive.url,
-                    mode="naive",
-                    concurrency=64,
-                    rate=best["naive"] / 2,
-                    duration=profile.e2e_latency_seconds,
-                )
-            )
-            times = naive.times(offered.ok, 600)
+            offered, times = naive.open_loop(best["naive"] / 2, profile.e2e_latency_seconds, 600)
             latency["naive"].append(
                 _latency(best["naive"] / 2, offered.rate, times, offered.errors)
             )

@@ -249,17 +249,8 @@ def _latency(
                 wait_idem_drained(url, patience)
                 values += latencies_ms(idem_times(url, source))
             else:
-                naive.reset()
-                offered = generate(
-                    Spec(
-                        url=naive.url,
-                        mode="naive",
-                        concurrency=64,
-                        rate=rate,
-                        duration=bench.profile.e2e_latency_seconds,
-                    )
-                )
-                values += latencies_ms(naive.times(offered.ok, patience))
+                _, times = naive.open_loop(rate, bench.profile.e2e_latency_seconds, patience)
+                values += latencies_ms(times)
         found[design] = {
             "offered_per_s": rate,
             "events": len(values),

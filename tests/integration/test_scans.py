@@ -1,6 +1,7 @@
 """The periodic and per-scrape paths read by index on a database with 1 000 000 keys and
 1 000 000 published outbox rows: every statement they send is EXPLAINed with its own
-parameters, and no plan scans either table from end to end (plans, never timings)."""
+parameters, and no plan reads either table from end to end, neither sequentially nor by
+walking an index over every row (plans, never timings)."""
 
 from __future__ import annotations
 
@@ -107,10 +108,30 @@ def explained(big: str) -> Iterator[tuple[Engine, list[tuple[str, Any]]]]:
     engine.dispose()
 
 
+# Indexes over every row of the big tables: an index scan on one of them with no index
+# condition walks the whole table in index order (a partial index's walk is bounded by its
+# predicate and is fine).
+WHOLE_TABLE_INDEXES = {
+    "idempotency_keys_pkey",
+    "idempotency_keys_expires_idx",
+    "idempotency_keys_created_idx",
+    "outbox_pkey",
+    "outbox_key_idx",
+}
+
+
 def _seq_scans(node: dict[str, Any]) -> list[str]:
+    """Every full read of a big table in the plan: a sequential scan, or a walk of an index
+    over every row without an index condition."""
     found = []
     if node.get("Node Type") == "Seq Scan" and node.get("Relation Name") in BIG_TABLES:
         found.append(node["Relation Name"])
+    if (
+        node.get("Node Type") in ("Index Scan", "Index Only Scan")
+        and node.get("Index Name") in WHOLE_TABLE_INDEXES
+        and "Index Cond" not in node
+    ):
+        found.append(node["Index Name"])
     for child in node.get("Plans", []):
         found += _seq_scans(child)
     return found
@@ -163,7 +184,7 @@ def test_no_full_scan_of_keys_or_outbox(
     path: str, explained: tuple[Engine, list[tuple[str, Any]]]
 ) -> None:
     """With a million keys and a million published outbox rows, no statement of this path
-    plans a sequential scan of either table."""
+    plans a full read of either table."""
     plans = _plans_of(explained, PATHS[path])
     offending = {
         statement.strip().splitlines()[0]: scans
