@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from sqlalchemy import Engine, event
 
 from outbox import queries
 from outbox.db import create_relay_engine
+from outbox.embedded import start_redis
 from outbox.publisher import TASK_QUEUE, OutboxMessage, create_publisher, publish
 from outbox.relay import IDLE_FLOOR_SECONDS, publish_due_batch, run_relay
 from outbox.settings import Settings
@@ -50,8 +52,17 @@ def _count(db: str, where: str) -> int:
 
 
 @pytest.fixture
-def settings(own_database: str, redis_url: str) -> Settings:
-    return Settings(database_url=own_database, redis_url=redis_url, relay_poll_seconds=1.0)
+def own_redis(tmp_path: Path) -> Iterator[str]:
+    """A Redis of this test's own: the shared stack's worker consumes from the run's Redis."""
+    process, url = start_redis(tmp_path / "redis", appendonly=False)
+    yield url
+    process.terminate()
+    process.wait(timeout=10)
+
+
+@pytest.fixture
+def settings(own_database: str, own_redis: str) -> Settings:
+    return Settings(database_url=own_database, redis_url=own_redis, relay_poll_seconds=1.0)
 
 
 @pytest.fixture
@@ -67,8 +78,8 @@ def app(settings: Settings) -> Celery:
 
 
 @pytest.fixture
-def queue(redis_url: str) -> Iterator[redis_client.Redis[Any]]:
-    client: redis_client.Redis[Any] = redis_client.Redis.from_url(redis_url)
+def queue(own_redis: str) -> Iterator[redis_client.Redis[Any]]:
+    client: redis_client.Redis[Any] = redis_client.Redis.from_url(own_redis)
     client.unlink(TASK_QUEUE)
     yield client
     client.unlink(TASK_QUEUE)
