@@ -104,6 +104,8 @@ class Reply:
     drop: bool = False
     # Fields added to the JSON answer.
     extra: dict[str, Any] = field(default_factory=dict)
+    # After the commit, hold the answer until this is set (at most `delay` or 30 s).
+    hold: threading.Event | None = None
 
 
 @dataclass
@@ -227,7 +229,9 @@ class Downstream:
                 answer: dict[str, Any] = dict(reply.extra)
                 if commit:
                     answer["id"] = downstream._commit(key)
-                if reply.delay:
+                if reply.hold is not None:
+                    reply.hold.wait(30)
+                elif reply.delay:
                     time.sleep(reply.delay)
                 if reply.drop:
                     self.close_connection = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 from typing import Any
 
 from tests.support import Downstream, Reply, Stack, envelope, query, wait_until
@@ -41,13 +42,15 @@ def test_a_worker_killed_with_32_attempts_in_flight_loses_and_doubles_nothing(
     already made): a new worker and the sweeper finish every key, each with one effect and one
     POST (the reclaim looks the effect up first)."""
     stack = private_stack
-    downstream.behaviour = lambda key, n: Reply(201, delay=2.8)
+    # Every effect is made, and no answer leaves the downstream until the worker is dead.
+    answers = threading.Event()
+    downstream.behaviour = lambda key, n: Reply(201, hold=answers)
     stack.start_all()
     stack.start_sweeper()
     keys = _post_many(stack, "killed", IN_FLIGHT)
     wait_until(lambda: len(downstream.requests) == IN_FLIGHT, timeout=30)
     stack.stop("worker", signal.SIGKILL)
-    # The last request has just arrived: its answer, at least, was lost with the process.
+    answers.set()
     assert "processing" in _statuses(stack).values()
     stack.start_worker("worker-2")
     wait_until(lambda: set(_statuses(stack).values()) == {"succeeded"}, timeout=90)
