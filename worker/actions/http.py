@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 import httpx
 
+from outbox.jsonbody import resolve_pointer
 from outbox.routes import Route
 from worker.actions import ActionContext, ActionResult
 from worker.errors import TransientError, error_for_response
@@ -115,19 +116,3 @@ def _json_body(response: httpx.Response) -> Any:
         return json.loads(response.content)
     except ValueError:
         return None
-
-
-def resolve_pointer(document: Any, pointer: str) -> Any:
-    """RFC 6901: the value at `pointer` in `document`, or None when the path is absent."""
-    if pointer == "":
-        return document
-    current = document
-    for raw in pointer.lstrip("/").split("/"):
-        token = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(current, dict) and token in current:
-            current = current[token]
-        elif isinstance(current, list) and token.isdigit() and int(token) < len(current):
-            current = current[int(token)]
-        else:
-            return None
-    return current
