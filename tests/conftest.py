@@ -165,15 +165,22 @@ def stack(stack_session: Stack, db: str, broker: Any, downstream: Downstream) ->
 
 
 @pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[str]:
+    """A redis-server of this test's own: no other test's worker consumes from it, and the
+    test may stop or flush it."""
+    process, url = embedded.start_redis(tmp_path / "redis", appendonly=False)
+    yield url
+    process.terminate()
+    process.wait(timeout=10)
+
+
+@pytest.fixture
 def private_stack(
-    own_database: str, routes_file: Path, downstream: Downstream, tmp_path: Path
+    own_database: str, own_redis: str, routes_file: Path, downstream: Downstream, tmp_path: Path
 ) -> Iterator[Stack]:
     """An unstarted stack on its own database and its own Redis, so faults stay inside the
     test; the test starts the processes it needs."""
     downstream.reset()
-    redis_process, url = embedded.start_redis(tmp_path / "redis", appendonly=False)
-    stack = Stack(own_database, url, routes_file, tmp_path)
+    stack = Stack(own_database, own_redis, routes_file, tmp_path)
     yield stack
     stack.stop_all()
-    redis_process.terminate()
-    redis_process.wait(timeout=10)

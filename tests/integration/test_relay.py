@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +16,6 @@ from sqlalchemy import Engine, event
 
 from outbox import queries
 from outbox.db import create_relay_engine
-from outbox.embedded import start_redis
 from outbox.publisher import TASK_QUEUE, OutboxMessage, create_publisher, publish
 from outbox.relay import IDLE_FLOOR_SECONDS, publish_due_batch, run_relay
 from outbox.settings import Settings
@@ -49,15 +47,6 @@ def _fill(db: str, rows: int, *, waited: str = "0 seconds") -> None:
 
 def _count(db: str, where: str) -> int:
     return int(query(db, f"SELECT count(*) FROM outbox WHERE {where}")[0][0])
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[str]:
-    """A Redis of this test's own: the shared stack's worker consumes from the run's Redis."""
-    process, url = start_redis(tmp_path / "redis", appendonly=False)
-    yield url
-    process.terminate()
-    process.wait(timeout=10)
 
 
 @pytest.fixture

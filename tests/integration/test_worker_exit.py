@@ -15,19 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
 
-from outbox.embedded import start_redis
 from tests.support import ROOT, wait_until
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[str]:
-    process, url = start_redis(tmp_path / "redis", appendonly=False)
-    yield url
-    process.terminate()
-    process.wait(timeout=10)
 
 
 @contextlib.contextmanager
