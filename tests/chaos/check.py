@@ -67,6 +67,7 @@ class DbState:
     outbox_due: int
     outbox_unpublished: int
     outbox_rows: int
+    circuits: dict[str, str]  # route -> circuit state (closed | open | half_open)
 
 
 def read_db(database_url: str) -> DbState:
@@ -89,7 +90,8 @@ def read_db(database_url: str) -> DbState:
             "SELECT count(*) FILTER (WHERE published_at IS NULL AND available_at <= now()),"
             " count(*) FILTER (WHERE published_at IS NULL), count(*) FROM outbox"
         ).fetchone() or (0, 0, 0)
-    return DbState(keys, payloads, dict(dead), outbox_keys, due, unpublished, rows)
+        circuits = dict(conn.execute("SELECT route, circuit FROM route_state").fetchall())
+    return DbState(keys, payloads, dict(dead), outbox_keys, due, unpublished, rows, circuits)
 
 
 def worker_counters(metrics_dirs: list[Path]) -> dict[str, Counter[str]]:
@@ -130,6 +132,22 @@ def sweeper_totals(log_files: list[Path]) -> Counter[str]:
                 continue
             totals["leases_reclaimed"] += int(record.get("leases_reclaimed", 0))
             totals["redriven"] += int(record.get("redriven", 0))
+    return totals
+
+
+def route_events(log_files: list[Path]) -> Counter[tuple[str, str]]:
+    """(event, route) counts of the workers' `route.*` log lines: circuit opened and closed,
+    probes."""
+    totals: Counter[tuple[str, str]] = Counter()
+    for path in log_files:
+        for line in path.read_text(errors="replace").splitlines():
+            if '"route.' not in line:
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            totals[(str(record.get("event")), str(record.get("route")))] += 1
     return totals
 
 
@@ -452,4 +470,50 @@ def verify_claims(
         "gateway_requests_for_claims_keys": sum(
             actors.get(e.key, {}).get(GATEWAY, 0) for e in claims
         ),
+    }
+
+
+def verify_route_outage(
+    outage: plan.RouteOutage,
+    crm: dict[str, Any],
+    events: Counter[tuple[str, str]],
+    db: DbState,
+    in_flight: int,
+    kills: int,
+    violations: Violations,
+) -> dict[str, Any]:
+    """While one route's downstream was down its circuit opened, only a bounded number of
+    writes reached it (the failures that open the circuit, the attempts already in flight,
+    one probe per cool-down, and a probe again for each worker killed meanwhile), and the
+    circuit closed again. That its keys spent no budget and lost nothing is checked with
+    every other key in `verify`."""
+    route = f"crm-{outage.collection}"
+    refused = int(crm.get("refused_while_down", 0))
+    probes = plan.max_probes(
+        outage.seconds, plan.CIRCUIT_COOLDOWN_SECONDS, plan.CIRCUIT_COOLDOWN_CAP_SECONDS
+    )
+    bound = plan.CIRCUIT_FAILURE_THRESHOLD + in_flight + probes + kills
+    opened = events[("route.circuit_opened", route)]
+    closed = events[("route.circuit_closed", route)]
+    if refused == 0:
+        violations.add("route_outage_unseen", f"no write reached {route} while it was down")
+    if refused > bound:
+        violations.add(
+            "route_outage_unbounded", f"{refused} writes reached {route} while down (bound {bound})"
+        )
+    if opened == 0 and refused > 0:
+        violations.add("circuit_never_opened", f"{route}: {refused} writes refused, never opened")
+    if closed == 0 and opened > 0:
+        violations.add("circuit_never_closed", f"{route} opened {opened} times, never closed")
+    if db.circuits.get(route, "closed") != "closed":
+        violations.add("circuit_left_open", f"{route} ends {db.circuits[route]}")
+    return {
+        "route": route,
+        "seconds": round(outage.seconds, 1),
+        "writes_refused": refused,
+        "bound": bound,
+        "circuit_opened": opened,
+        "circuit_closed": closed,
+        "probes": events[("route.probe", route)],
+        "final_circuit": db.circuits.get(route, "closed"),
     }

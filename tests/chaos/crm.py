@@ -4,7 +4,8 @@ Every POST is answered according to the key's behaviour (`plan.behaviour_of`) an
 POSTs that key has made. A write that commits counts one effect for the key, whatever the
 answer: a second committed write for a key is a duplicated side effect, which the soak
 reports. `GET /<collection>/by-key/<key>` is the reconcile lookup: 200 with the id when the
-effect exists, else 404.
+effect exists, else 404. While a collection is down (`take_down`), every write the gateway
+sends to it is answered 503 without Retry-After and writes nothing; each is recorded.
 
 Every request is counted per key and per actor: a request carrying `ACTOR_HEADER: workflow`
 comes from the soak's workflows (tests/chaos/workflow.py, under `/wf/<collection>`), any other
@@ -55,6 +56,9 @@ class FakeCrm:
         # What was injected: lost (commit + drop), slow (commit + late answer), 503, 429, 422.
         self.injected: Counter[str] = Counter()
         self.inflight = 0
+        # The collection that is down, and the gateway's writes it refused meanwhile.
+        self.down: str | None = None
+        self.refused_while_down = 0
         self._server: _Server | None = None
 
     @property
@@ -72,7 +76,23 @@ class FakeCrm:
                 "actors": {key: dict(by) for key, by in self.actors.items()},
                 "injected": dict(self.injected),
                 "inflight": self.inflight,
+                "refused_while_down": self.refused_while_down,
             }
+
+    def take_down(self, collection: str | None) -> None:
+        """Refuse the gateway's writes to `collection` from now on (None: back up)."""
+        with self.lock:
+            self.down = collection
+
+    def _refused(self, path: str, actor: str | None) -> bool:
+        """Whether this write meets the outage (the workflows' `/wf/...` calls never do)."""
+        collection = path.strip("/").split("/", 1)[0]
+        with self.lock:
+            if actor == WORKFLOW or collection != self.down:
+                return False
+            self.refused_while_down += 1
+            self.injected["outage_503"] += 1
+            return True
 
     def _reply(self, key: str) -> tuple[int, dict[str, str], bool, float, bool]:
         """(status, headers, commit, delay, drop) for the next POST of `key`."""
@@ -154,6 +174,10 @@ class FakeCrm:
                 self.rfile.read(length)
                 key = self.headers.get("idempotency-key", "")
                 crm._seen(key, self.headers.get(ACTOR_HEADER))
+                if crm._refused(self.path, self.headers.get(ACTOR_HEADER)):
+                    with contextlib.suppress(OSError):
+                        self._answer(503, {"error": "down"}, {})
+                    return
                 status, headers, commit, delay, drop = crm._reply(key)
                 answer: dict[str, Any] = {}
                 if commit:

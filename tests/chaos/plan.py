@@ -121,7 +121,49 @@ class Delivery:
 @dataclass(frozen=True)
 class Fault:
     at: float
-    kind: str  # kill_worker | kill_relay | restart_redis | restart_postgres
+    kind: str  # kill_worker | kill_relay | restart_redis | restart_postgres | route_down | route_up
+
+
+# One route's downstream goes down for a while: every write the gateway sends to that
+# collection answers 503 without Retry-After and writes nothing (the workflows' own calls,
+# which no route governs, still go through). The route's circuit must open, the keys must
+# wait without spending their attempts, and all of them must succeed once after.
+OUTAGE_COLLECTION = "deals"
+OUTAGE_SECONDS_MAX = 60.0
+# The soak's routes open their circuit after the default 5 failures in a row and cool down
+# 2 s, doubling up to 8 s, so even the CI-sized run's short outage sees probes fail and re-open.
+CIRCUIT_FAILURE_THRESHOLD = 5
+CIRCUIT_COOLDOWN_SECONDS = 2.0
+CIRCUIT_COOLDOWN_CAP_SECONDS = 8.0
+
+
+@dataclass(frozen=True)
+class RouteOutage:
+    collection: str
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+def plan_route_outage(seed: int, duration: float) -> RouteOutage:
+    """A fifth of the send phase (at most a minute), starting between 15 % and 35 % of it."""
+    rng = random.Random(f"route-outage:{seed}")
+    start = rng.uniform(0.15, 0.35) * duration
+    return RouteOutage(OUTAGE_COLLECTION, start, start + min(OUTAGE_SECONDS_MAX, 0.2 * duration))
+
+
+def max_probes(outage: float, cooldown: float, cap: float) -> int:
+    """How many probes fit in an outage: the k-th comes no sooner than the first k cool-downs
+    (each doubles, up to the cap) after the circuit opened."""
+    probes, elapsed, step = 0, 0.0, cooldown
+    while elapsed + step <= outage:
+        elapsed += step
+        probes += 1
+        step = min(cap, step * 2)
+    return probes
 
 
 def derived_key(body: dict[str, Any]) -> str:
@@ -199,14 +241,19 @@ def plan_events(
 
 def plan_faults(seed: int, duration: float) -> list[Fault]:
     """Kills and restarts spread over 10-85 % of the send phase, a few of each kind; the
-    PostgreSQL restart happens once, near the middle."""
+    PostgreSQL restart happens once, near the middle; one route's downstream is down once."""
     rng = random.Random(f"faults:{seed}")
     counts = {
         "kill_worker": max(2, round(duration / 60)),
         "kill_relay": max(1, round(duration / 100)),
         "restart_redis": max(1, round(duration / 150)),
     }
-    faults = [Fault(rng.uniform(0.45, 0.55) * duration, "restart_postgres")]
+    outage = plan_route_outage(seed, duration)
+    faults = [
+        Fault(rng.uniform(0.45, 0.55) * duration, "restart_postgres"),
+        Fault(outage.start, "route_down"),
+        Fault(outage.end, "route_up"),
+    ]
     for kind, n in counts.items():
         slot = 0.75 * duration / n
         for i in range(n):

@@ -4,7 +4,8 @@ It starts a PostgreSQL and a Redis of its own, the receiver, two relays, several
 the sweeper as real processes, and a fake CRM that loses, delays and refuses answers per key.
 Clients deliver every event one to four times (some copies at once, some at the very end,
 some with another payload under the same key) while workers and relays are SIGKILLed and
-replaced, Redis is restarted empty and PostgreSQL is stopped (fast) and started again. A fifth
+replaced, Redis is restarted empty, PostgreSQL is stopped (fast) and started again, and one
+route's downstream refuses every write for a while (its circuit must open and close). A fifth
 of the events never goes to /v1/events: workflows (tests/chaos/workflow.py) make the CRM call
 themselves through /v1/claims, and their claims are completed, failed, abandoned and
 reclaimed. Then the faults stop, the soak waits for every key to finish, and checks every
@@ -48,7 +49,8 @@ HUNG_AFTER = 20.0
 
 def write_routes(path: Path, crm_url: str, max_attempts: int) -> Path:
     """One http route per event type, each with a reconcile lookup; timeouts well inside the
-    5 s lease; short backoff; a budget far above what the injected faults can use up."""
+    5 s lease; short backoff; a budget far above what the injected faults can use up; a
+    circuit breaker with short cool-downs (see `plan.CIRCUIT_COOLDOWN_SECONDS`)."""
     tables = []
     for event_type, collection in plan.COLLECTIONS.items():
         tables.append(
@@ -65,6 +67,9 @@ read_timeout_seconds = 1
 backoff_base_seconds = 0.2
 backoff_cap_seconds = 2
 max_attempts = {max_attempts}
+circuit_failure_threshold = {plan.CIRCUIT_FAILURE_THRESHOLD}
+circuit_cooldown_seconds = {plan.CIRCUIT_COOLDOWN_SECONDS}
+circuit_cooldown_cap_seconds = {plan.CIRCUIT_COOLDOWN_CAP_SECONDS}
 """
         )
     path.write_text("".join(tables), encoding="utf-8")
@@ -80,6 +85,8 @@ class Chaos:
         self,
         faults: list[plan.Fault],
         fleet: Fleet,
+        crm: FakeCrm,
+        route_outage: plan.RouteOutage,
         redis: OwnRedis,
         postgres: OwnPostgres,
         sender: Sender,
@@ -89,6 +96,8 @@ class Chaos:
     ) -> None:
         self.faults = faults
         self.fleet = fleet
+        self.crm = crm
+        self.route_outage = route_outage
         self.redis = redis
         self.postgres = postgres
         self.sender = sender
@@ -187,6 +196,14 @@ class Chaos:
         up = self.sender.now()
         self.outage = (down, up)
         return {"down_at": round(down, 2), "stopped_at": round(stopped, 2), "up_at": round(up, 2)}
+
+    def route_down(self) -> dict[str, Any]:
+        self.crm.take_down(self.route_outage.collection)
+        return {"collection": self.route_outage.collection}
+
+    def route_up(self) -> dict[str, Any]:
+        self.crm.take_down(None)
+        return {"collection": self.route_outage.collection}
 
 
 def say(message: str) -> None:
@@ -288,13 +305,14 @@ def _incidents(incidents: list[dict[str, Any]]) -> str:
 
 
 def table(report: dict[str, Any]) -> str:
-    s, a, g, c, f, k = (
+    s, a, g, c, f, k, o = (
         report["sent"],
         report["answers"],
         report["gateway"],
         report["crm"],
         report["faults"],
         report["claims"],
+        report["route_outage"],
     )
     statuses = a["answers_by_status"]
     two_xx = sum(n for code, n in statuses.items() if code.startswith("2"))
@@ -370,6 +388,12 @@ def table(report: dict[str, Any]) -> str:
             f"{f['kill_worker']} worker kills, {f['kill_relay']} relay kills,"
             f" {f['restart_redis']} Redis restarts, {f['restart_postgres']} PostgreSQL restarts;"
             f" CRM injected: {_fmt(c['injected'])}",
+        ),
+        (
+            "route outage",
+            f"{o['route']} down {o['seconds']} s: {o['writes_refused']} writes reached it"
+            f" (bound {o['bound']}); circuit opened {o['circuit_opened']}, closed"
+            f" {o['circuit_closed']} times, {o['probes']} probes; ends {o['final_circuit']}",
         ),
         ("incidents", _incidents(report["incidents"])),
         ("quiescence", _quiescence(report)),
@@ -449,6 +473,7 @@ def run(args: argparse.Namespace) -> int:
 
         events, deliveries = plan.plan_events(seed, args.events, args.duration, args.claims_share)
         faults = plan.plan_faults(seed, args.duration)
+        route_outage = plan.plan_route_outage(seed, args.duration)
         receiver_url = f"http://127.0.0.1:{fleet.receiver_port}"
         posted = [d for d in deliveries if d.event.via == plan.VIA_EVENTS]
         claimed = [d for d in deliveries if d.event.via == plan.VIA_CLAIMS]
@@ -457,6 +482,8 @@ def run(args: argparse.Namespace) -> int:
         chaos = Chaos(
             faults,
             fleet,
+            crm,
+            route_outage,
             redis,
             postgres,
             sender,
@@ -532,7 +559,17 @@ def run(args: argparse.Namespace) -> int:
                 )
         for error in chaos.errors:
             violations.add("fault_failed", error)
-        for kind in ("kill_worker", "kill_relay", "restart_redis", "restart_postgres"):
+        outage_facts = check.verify_route_outage(
+            route_outage,
+            crm_state,
+            check.route_events(sorted(log_dir.glob("worker-*.log"))),
+            db,
+            in_flight=args.workers * args.concurrency,
+            kills=chaos.counts["kill_worker"],
+            violations=violations,
+        )
+        kinds = ("kill_worker", "kill_relay", "restart_redis", "restart_postgres", "route_down")
+        for kind in kinds:
             if not chaos.counts[kind]:
                 violations.add("fault_missing", f"no {kind} happened")
 
@@ -601,6 +638,7 @@ def run(args: argparse.Namespace) -> int:
                 else 0,
                 "log": chaos.log,
             },
+            "route_outage": outage_facts,
             "incidents": chaos.incidents,
             "timeline": timeline.samples,
             "violations": violations.as_dict(),

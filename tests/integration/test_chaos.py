@@ -1,4 +1,4 @@
-"""The chaos soak, CI-sized: one minute of faults over 600 events, a fifth of them handled by
+"""The chaos soak, CI-sized: 45 seconds of faults over 450 events, a fifth of them handled by
 workflows through the claims API, must break no invariant."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tests.support import ROOT
 
 @pytest.mark.timeout(300)
 def test_chaos_soak_breaks_no_invariant(tmp_path: Path) -> None:
-    """`python -m tests.chaos.soak --duration 60 --events 600` exits 0, its report counts
+    """`python -m tests.chaos.soak --duration 45 --events 450` exits 0, its report counts
     no violation, every kind of fault really happened, and the workflows' claims were
     completed, failed (effect unknown, effect none, final), abandoned and reclaimed."""
     report_path = tmp_path / "chaos-report.json"
@@ -25,9 +25,9 @@ def test_chaos_soak_breaks_no_invariant(tmp_path: Path) -> None:
         "-m",
         "tests.chaos.soak",
         "--duration",
-        "60",
+        "45",
         "--events",
-        "600",
+        "450",
         "--report",
         str(report_path),
         # A missed quiescence bound fails at once instead of being watched for minutes.
@@ -77,3 +77,11 @@ def test_chaos_soak_breaks_no_invariant(tmp_path: Path) -> None:
     assert claims["claimed_uncertain"] >= 1, claims
     assert claims["keys_with_more_than_one"] == 0, claims
     assert claims["gateway_requests_for_claims_keys"] == 0, claims
+
+    # One route's downstream was down: its circuit opened and closed again, a bounded number
+    # of writes reached it (the soak's own check), and its keys all succeeded once (above).
+    outage = report["route_outage"]
+    assert outage["writes_refused"] >= 1, outage
+    assert outage["circuit_opened"] >= 1, outage
+    assert outage["circuit_closed"] >= 1, outage
+    assert outage["final_circuit"] == "closed", outage

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from outbox import embedded
+from tests.chaos.plan import max_probes
 from tests.support import (
     AUTH,
     Downstream,
@@ -110,17 +111,6 @@ def _all_succeeded(stack: Stack, keys: list[str]) -> bool:
     return all(status == "succeeded" for status, _ in _statuses(stack, keys).values())
 
 
-def _max_probes(outage: float, cooldown: float, cap: float) -> int:
-    """How many probes fit in an outage: the k-th comes no sooner than the first k cool-downs
-    (each doubles, up to the cap) after the circuit opened."""
-    probes, elapsed, step = 0, 0.0, cooldown
-    while elapsed + step <= outage:
-        elapsed += step
-        probes += 1
-        step = min(cap, step * 2)
-    return probes
-
-
 @pytest.mark.parametrize(
     ("outage", "events", "cooldown", "cap"),
     [
@@ -169,7 +159,7 @@ def test_an_outage_costs_no_attempts_and_loses_no_event(
 
     during = [r for r in downstream.requests if r["at"] < outage_ends]
     # At most the attempts in flight when the first failure opened the circuit, plus probes.
-    bound = concurrency + _max_probes(outage, cooldown, cap)
+    bound = concurrency + max_probes(outage, cooldown, cap)
     assert len(during) <= bound, (len(during), bound)
     assert query(stack.database_url, "SELECT count(*) FROM dead_letters") == [(0,)]
     assert downstream.effects == {key: 1 for key in keys}
