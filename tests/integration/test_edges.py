@@ -52,6 +52,18 @@ def test_an_expired_workflow_claim_is_left_to_its_workflow(private_stack: Stack)
     stack.start_sweeper()
     claimed = claim(stack, "wf-expired", payload={"lead": 1}, lease_seconds=1)
     assert claimed.status_code == 201
+    # The claim's lease has run out (by the database's clock) before the control key's does.
+    wait_until(
+        lambda: (
+            query(
+                stack.database_url,
+                "SELECT locked_until < now() FROM idempotency_keys"
+                " WHERE idempotency_key = 'wf-expired'",
+            )
+            == [(True,)]
+        ),
+        timeout=10,
+    )
     control = seed_pending_key(stack.database_url, "control")
     query(
         stack.database_url,
