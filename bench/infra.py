@@ -64,6 +64,21 @@ def worker_pool_default() -> str:
     return os.environ.get("WORKER_POOL") or str(Settings.model_fields["worker_pool"].default)
 
 
+@dataclass(frozen=True)
+class WorkerShape:
+    """A worker's pool and concurrency (None: the worker's default)."""
+
+    pool: str | None = None
+    concurrency: int | None = None
+
+    def resolved(self) -> tuple[str, int]:
+        from outbox.settings import Settings
+
+        pool = self.pool or worker_pool_default()
+        settings = Settings(worker_pool=pool, worker_concurrency=self.concurrency)  # type: ignore[arg-type]
+        return pool, settings.concurrency()
+
+
 def wait_until(condition: Callable[[], Any], timeout: float, interval: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while True:

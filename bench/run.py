@@ -22,7 +22,14 @@ from rich.console import Console
 from bench import drain, growth, ingest, memory, pipeline, slow, webhooks
 from bench.config import FULL, SMOKE, Profile
 from bench.context import Bench
-from bench.infra import DEFAULT_ADMIN_URL, NOOP_ROUTES, Databases, RedisServer, scratch_dir
+from bench.infra import (
+    DEFAULT_ADMIN_URL,
+    NOOP_ROUTES,
+    Databases,
+    RedisServer,
+    WorkerShape,
+    scratch_dir,
+)
 from bench.machine import facts
 from bench.report import Check, checks_json, print_report, write_json
 
@@ -166,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 if "slow" in wanted:
 
                     def do_slow() -> None:
-                        shape = slow.Shape(args.slow_pool, args.slow_concurrency)
+                        shape = WorkerShape(args.slow_pool, args.slow_concurrency)
                         document["slow"], found = slow.run(bench, shape)
                         checks.extend(found)
 

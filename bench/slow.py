@@ -18,17 +18,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
 from bench.context import Bench
-from bench.infra import Processes, libpq, worker_pool_default
+from bench.infra import Processes, WorkerShape, libpq
 from bench.load import Spec, generate, percentile
 from bench.pipeline import CpuMeter, Naive, idem_times, latencies_ms, throughput, wait_idem_drained
 from bench.report import Check, median
-from outbox.settings import Settings
 
 DELAYS = (0.1, 1.0)
 # The issue's targets on a 2-core machine with default settings.
@@ -37,7 +35,7 @@ WORKER_CONNECTIONS_LIMIT = 20
 P99_LIMIT_MS = 400.0
 # A run never offers more than this, whatever the bound (keeps a rerun with a large
 # concurrency within minutes).
-MAX_EVENTS = 20_000
+MAX_EVENTS = 3_000
 HTTP_ROUTES = """
 [[routes]]
 match = "*"
@@ -46,19 +44,6 @@ action = "http"
 url = "{url}"
 read_timeout_seconds = 10
 """
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The worker's pool and concurrency for this section (None: the worker's default)."""
-
-    pool: str | None = None
-    concurrency: int | None = None
-
-    def resolved(self) -> tuple[str, int]:
-        pool = self.pool or worker_pool_default()
-        settings = Settings(worker_pool=pool, worker_concurrency=self.concurrency)  # type: ignore[arg-type]
-        return pool, settings.concurrency()
 
 
 class ConnectionWatch:
@@ -95,7 +80,7 @@ class ConnectionWatch:
             self._thread.join(timeout=5)
 
 
-def run(bench: Bench, shape: Shape) -> tuple[dict[str, Any], list[Check]]:
+def run(bench: Bench, shape: WorkerShape) -> tuple[dict[str, Any], list[Check]]:
     pool, concurrency = shape.resolved()
     summary: dict[str, Any] = {"pool": pool, "concurrency": concurrency}
     checks: list[Check] = []

@@ -67,7 +67,8 @@ class Settings(BaseSettings):
     # for python actions that need process isolation (a crash takes only its own attempt).
     worker_pool: Literal["threads", "prefork"] = "threads"
     # Attempts in flight per worker: threads per process, or processes under prefork. Unset:
-    # 32 threads (a 100 ms downstream then allows ~300 attempts/s per process), or 2 processes.
+    # 128 threads (a 1 s downstream then allows ~128 attempts/s per process; the database
+    # pool does not grow with it), or 2 processes.
     worker_concurrency: int | None = Field(default=None, ge=1)
     # Connections each worker process (each prefork child) keeps for claims, finishes and lease
     # renewals: statements of about a millisecond, so a few serve dozens of attempts in flight.
@@ -136,7 +137,7 @@ class Settings(BaseSettings):
         """Attempts in flight per worker, by pool."""
         if self.worker_concurrency is not None:
             return self.worker_concurrency
-        return 32 if self.worker_pool == "threads" else 2
+        return 128 if self.worker_pool == "threads" else 2
 
     def sqlalchemy_url(self) -> str:
         """The database URL with the psycopg 3 driver named, whatever form it was given in."""

@@ -19,7 +19,7 @@ def test_prefork_pays_a_pool_per_child() -> None:
 
 
 def test_concurrency_defaults_by_pool() -> None:
-    """Unset WORKER_CONCURRENCY: 32 threads, or 2 processes under prefork."""
-    assert Settings().concurrency() == 32
+    """Unset WORKER_CONCURRENCY: 128 threads, or 2 processes under prefork."""
+    assert Settings().concurrency() == 128
     assert Settings(worker_pool="prefork").concurrency() == 2
     assert Settings(worker_pool="prefork", worker_concurrency=5).concurrency() == 5
