@@ -38,6 +38,8 @@ class Profile:
     slow_seconds: float
     slow_min_events: int
     slow_runs: int
+    # The downstream's answer times measured (seconds).
+    slow_delays: tuple[float, ...] = (0.1, 1.0)
 
 
 FULL = Profile(
@@ -84,4 +86,5 @@ SMOKE = Profile(
     slow_seconds=0.25,
     slow_min_events=8,
     slow_runs=1,
+    slow_delays=(0.1,),
 )
