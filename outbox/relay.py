@@ -19,8 +19,11 @@ rows.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import select
+import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -138,15 +141,28 @@ class Waiter(Protocol):
 
 
 class Listener:
-    """A LISTEN on a direct autocommit connection; reconnects lazily after a failure."""
+    """A LISTEN on a direct autocommit connection; reconnects lazily after a failure.
+
+    A signal (SIGTERM from a supervisor, Ctrl-C) ends a wait at once: in the main thread the
+    listener is the process's signal wake-up fd, so the relay stops in milliseconds instead of
+    at the end of its poll interval."""
 
     def __init__(self, dsn: str, channel: str = "outbox") -> None:
         self._dsn = dsn
         self._channel = channel
         self._conn: psycopg.Connection[Any] | None = None
+        self._wake, wake_write = socket.socketpair()
+        self._wake_write = wake_write
+        for end in (self._wake, wake_write):
+            end.setblocking(False)
+        self._previous_wakeup_fd: int | None = None
+        with contextlib.suppress(ValueError):  # not the main thread: no signal wake-ups
+            self._previous_wakeup_fd = signal.set_wakeup_fd(
+                wake_write.fileno(), warn_on_full_buffer=False
+            )
 
     def wait(self, timeout: float) -> None:
-        """Return on the first notification or after `timeout` seconds.
+        """Return on the first notification, on a signal, or after `timeout` seconds.
 
         A plain select() on the socket bounds the wait by the kernel's clock; libpq then reads
         whatever arrived, and every notification that came together is consumed at once.
@@ -159,21 +175,39 @@ class Listener:
                 )
                 self._conn.execute(f"LISTEN {self._channel}")
             pgconn = self._conn.pgconn
-            readable, _, _ = select.select([pgconn.socket], [], [], timeout)
-            if readable:
+            wake = self._wake.fileno()
+            readable, _, _ = select.select([pgconn.socket, wake], [], [], timeout)
+            if wake in readable:
+                self._drain_wake()
+            if pgconn.socket in readable:
                 pgconn.consume_input()
                 if pgconn.status != psycopg.pq.ConnStatus.OK:
                     raise psycopg.OperationalError("listen connection lost")
                 while pgconn.notifies() is not None:
                     pass
         except psycopg.Error:
-            self.close()
-            time.sleep(timeout)
+            self._disconnect()
+            if select.select([self._wake], [], [], timeout)[0]:
+                self._drain_wake()
 
-    def close(self) -> None:
+    def _drain_wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while self._wake.recv(512):
+                pass
+
+    def _disconnect(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def close(self) -> None:
+        self._disconnect()
+        if self._previous_wakeup_fd is not None:
+            with contextlib.suppress(ValueError):
+                signal.set_wakeup_fd(self._previous_wakeup_fd)
+            self._previous_wakeup_fd = None
+        self._wake.close()
+        self._wake_write.close()
 
 
 def libpq_dsn(sqlalchemy_url: str) -> str:

@@ -217,3 +217,25 @@ def test_a_relay_waits_while_another_holds_the_due_rows(
     floor = settings.relay_poll_seconds if held_by == "lease" else IDLE_FLOOR_SECONDS
     assert all(timeout >= floor for timeout, _ in waiter.log)
     assert queue.llen(TASK_QUEUE) == 0
+
+
+def test_sigterm_ends_the_relay_in_the_middle_of_a_long_wait(private_stack: Any) -> None:
+    """A relay idling in a 60 s poll stops when SIGTERM comes, not when the poll ends: the
+    signal wakes its LISTEN wait (a supervisor's stop and every test teardown wait on this)."""
+    import signal
+    import time
+
+    stack = private_stack
+    stack.extra_env["RELAY_POLL_SECONDS"] = "60"
+    stack.start_relay()
+    process = stack.processes["relay"]
+    deadline = time.monotonic() + 30
+    while '"relay.started"' not in stack.logs("relay") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)  # into its idle wait
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0
+    assert '"relay.stopped"' in stack.logs("relay")
+    # It left its wait because of the signal: its only idle wait was to last a minute.
+    started = [json.loads(line) for line in stack.logs("relay").splitlines() if "relay." in line]
+    assert [line["event"] for line in started][-1] == "relay.stopped"
