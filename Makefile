@@ -41,7 +41,7 @@ test: install ## Run the test suite (real PostgreSQL, Redis and Celery workers; 
 test-slow: install ## Run the slow soaks only
 	$(PY) -m pytest -m slow
 
-n8n-e2e: install ## The n8n examples in a real n8n 2.8.4 (installs it into .n8n/ unless N8N_BIN is set)
+n8n-e2e: install ## The n8n examples and the Idem node (built with npm) in a real n8n 2.8.4 (installs it into .n8n/ unless N8N_BIN is set)
 	$(PY) -m tests.n8n_e2e
 
 chaos: install ## Chaos soak: kills, restarts, lost answers; checks every event (5 min)

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import httpx
@@ -22,6 +23,8 @@ from tests.support import CLAIMS_TOKEN, Reply, wait_until
 
 POST_EVENT_PATH = "idem-events"
 CLAIM_PATH = "idem-crm-follow-up"
+# 04: the same story with the Idem node (n8n-nodes-idem) in place of HTTP Request + IF nodes.
+NODE_PATH = "idem-crm-follow-up-node"
 # A request to n8n waits for the whole workflow, Retry On Fail waits included (3 tries, 2 s).
 PROVIDER_TIMEOUT_SECONDS = 90.0
 
@@ -235,11 +238,11 @@ def gateway_bad_signature(world: World, outcome: Outcome) -> None:
 # ------------------------------------------------------------------ 02: claims
 
 
-def claims_first_and_redelivery(world: World, outcome: Outcome) -> None:
+def claims_first_and_redelivery(world: World, outcome: Outcome, path: str = CLAIM_PATH) -> None:
     event = _event("cl-first")
-    first = deliver(world, CLAIM_PATH, event)
+    first = deliver(world, path, event)
     outcome.check(first.status_code == 200, f"first delivery -> {_answer(first)}")
-    again = deliver(world, CLAIM_PATH, event)
+    again = deliver(world, path, event)
     body = _body(again)
     outcome.check(
         again.status_code == 200
@@ -253,11 +256,11 @@ def claims_first_and_redelivery(world: World, outcome: Outcome) -> None:
     outcome.tasks = tasks(world, event["id"])
 
 
-def claims_at_once(world: World, outcome: Outcome) -> None:
+def claims_at_once(world: World, outcome: Outcome, path: str = CLAIM_PATH) -> None:
     event = _event("cl-twice")
     # The first CRM call takes a while, so the second delivery finds the claim held.
     slow_first_answer(world, event["id"], seconds=3)
-    answers = deliver_twice_at_once(world, CLAIM_PATH, event)
+    answers = deliver_twice_at_once(world, path, event)
     outcome.check(
         sorted(a.status_code for a in answers) == [200, 200],
         "both deliveries -> " + ", ".join(_answer(a) for a in answers),
@@ -265,19 +268,19 @@ def claims_at_once(world: World, outcome: Outcome) -> None:
     outcome.tasks = tasks(world, event["id"])
 
 
-def claims_lost_answer(world: World, outcome: Outcome) -> None:
+def claims_lost_answer(world: World, outcome: Outcome, path: str = CLAIM_PATH) -> None:
     event = _event("cl-lost")
     lose_first_answer(world, event["id"])
-    first = deliver(world, CLAIM_PATH, event)
+    first = deliver(world, path, event)
     outcome.check(
         first.status_code == 503 and bool(first.headers.get("retry-after")),
         f"CRM answer lost -> {_answer(first)}",
     )
-    check_found_by_lookup(outcome, deliver(world, CLAIM_PATH, event), "redelivery")
+    check_found_by_lookup(outcome, deliver(world, path, event), "redelivery")
     outcome.tasks = tasks(world, event["id"])
 
 
-def claims_crashed_run(world: World, outcome: Outcome) -> None:
+def claims_crashed_run(world: World, outcome: Outcome, path: str = CLAIM_PATH) -> None:
     """An earlier run claimed, created the task, and died before completing."""
     event = _event("cl-crash")
     key = f"n8n:crm-follow-up:{event['id']}"
@@ -303,16 +306,16 @@ def claims_crashed_run(world: World, outcome: Outcome) -> None:
         outcome.check(created.status_code == 201, "earlier run created the task, then died")
     # Let the earlier run's lease of 1 s run out (setup, not a measurement).
     time.sleep(2)
-    delivered = deliver(world, CLAIM_PATH, event)
+    delivered = deliver(world, path, event)
     check_found_by_lookup(outcome, delivered, "delivery after the crash")
     outcome.tasks = tasks(world, event["id"])
 
 
-def claims_gateway_down(world: World, outcome: Outcome) -> None:
+def claims_gateway_down(world: World, outcome: Outcome, path: str = CLAIM_PATH) -> None:
     event = _event("cl-down")
-    deliver_while_down(world, CLAIM_PATH, event, outcome)
+    deliver_while_down(world, path, event, outcome)
     outcome.check(tasks(world, event["id"]) == 0, "no task while down")
-    again = deliver(world, CLAIM_PATH, event)
+    again = deliver(world, path, event)
     outcome.check(again.status_code == 200, f"redelivery -> {_answer(again)}")
     outcome.tasks = tasks(world, event["id"])
 
@@ -371,6 +374,15 @@ CASES = [
     Case("02 claims: gateway down, then redelivered", claims_gateway_down),
     Case("03 agent: tool called twice", agent_repeated_call),
     Case("03 agent: CRM answer lost, tool called twice", agent_lost_answer, uncertain=True),
+    Case(
+        "04 node: first delivery + redelivery", partial(claims_first_and_redelivery, path=NODE_PATH)
+    ),
+    Case("04 node: two deliveries at once", partial(claims_at_once, path=NODE_PATH)),
+    Case("04 node: CRM answer lost", partial(claims_lost_answer, path=NODE_PATH), uncertain=True),
+    Case(
+        "04 node: crashed earlier run", partial(claims_crashed_run, path=NODE_PATH), uncertain=True
+    ),
+    Case("04 node: gateway down, then redelivered", partial(claims_gateway_down, path=NODE_PATH)),
 ]
 
 

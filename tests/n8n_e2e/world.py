@@ -3,8 +3,9 @@
 A database and a Redis of the run's own, the gateway's receiver, relay, worker and sweeper (as
 tests/support.py `Stack` starts them), a second receiver whose signing secret was rotated, a
 TCP proxy in front of the receivers (cut it and the gateway is down for n8n), the fake CRM
-(tests/support.py `Downstream`), the scripted chat model, and n8n with every workflow of
-examples/n8n imported, its Config pointed here, its credentials created and published.
+(tests/support.py `Downstream`), the scripted chat model, and n8n with the n8n-nodes-idem package
+installed (tests/n8n_e2e/idem_node.py) and every workflow of examples/n8n imported, its Config
+pointed here, its credentials created and published.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import psycopg
 
 from outbox import embedded
 from outbox.migrate import upgrade
+from tests.n8n_e2e import idem_node
 from tests.n8n_e2e.model import ScriptedModel
 from tests.n8n_e2e.n8n import N8n
 from tests.support import (
@@ -45,6 +47,7 @@ ROTATED_SECRET = "whsec_n8n_e2e_rotated_fedcba9876"
 CLAIMS_CREDENTIAL = "idemClaimsToken1"
 SIGNING_CREDENTIAL = "idemWebhookSign1"
 MODEL_CREDENTIAL = "idemOpenAiModel1"
+IDEM_NODE_CREDENTIAL = "idemApiCredent01"
 
 
 @dataclass
@@ -144,6 +147,7 @@ def world(binary: Path, keep: bool = False) -> Iterator[World]:
     stack = rotated = None
     proxy = TcpProxy()
     try:
+        idem_node.install(n8n.home, logs)
         with own_database() as database_url:
             env = {"WEBHOOK_SECRETS": f"{SOURCE}={SIGNING_SECRET}"}
             stack = Stack(database_url, redis_url, routes, logs, extra_env=dict(env))
@@ -176,6 +180,12 @@ def world(binary: Path, keep: bool = False) -> Iterator[World]:
                         "name": "idem webhook signing secret",
                         "type": "crypto",
                         "data": {"hmacSecret": SIGNING_SECRET},
+                    },
+                    {
+                        "id": IDEM_NODE_CREDENTIAL,
+                        "name": "Idem API",
+                        "type": "idemApi",
+                        "data": {"baseUrl": values["IDEM_URL"], "claimsToken": CLAIMS_TOKEN},
                     },
                     {
                         "id": MODEL_CREDENTIAL,

@@ -22,6 +22,11 @@ POST_EVENT = "01-post-event.json"
 CLAIM = "02-claim-side-effect.json"
 AGENT_TOOL = "03-agent-tool.json"
 WORKFLOWS = [POST_EVENT, CLAIM, AGENT_TOOL]
+# The CRM follow-up with the Idem node (integrations/n8n-nodes-idem) instead of HTTP Request nodes.
+NODE_CLAIM = "04-claim-with-idem-node.json"
+EVERY_WORKFLOW = [*WORKFLOWS, NODE_CLAIM]
+IDEM_NODE = "n8n-nodes-idem.idem"
+IDEM_NODE_SOURCE = ROOT / "integrations" / "n8n-nodes-idem" / "nodes" / "Idem" / "Idem.node.ts"
 
 HTTP_REQUEST = "n8n-nodes-base.httpRequest"
 IF_NODE = "n8n-nodes-base.if"
@@ -194,7 +199,7 @@ def test_url_path_turns_expressions_into_placeholders() -> None:
 # ------------------------------------------------------------------------------ every workflow
 
 
-@pytest.mark.parametrize("name", WORKFLOWS)
+@pytest.mark.parametrize("name", EVERY_WORKFLOW)
 def test_workflow_is_an_importable_json_object(name: str) -> None:
     """The file is valid JSON with name, nodes, connections, v1 execution order and no pinData."""
     workflow = load(name)
@@ -205,7 +210,7 @@ def test_workflow_is_an_importable_json_object(name: str) -> None:
     assert workflow["pinData"] == {}
 
 
-@pytest.mark.parametrize("name", WORKFLOWS)
+@pytest.mark.parametrize("name", EVERY_WORKFLOW)
 def test_nodes_have_the_exported_members(name: str) -> None:
     """Every node has id, name, type, typeVersion, a two-number position and a parameters dict."""
     for node in nodes(load(name)):
@@ -220,7 +225,7 @@ def test_nodes_have_the_exported_members(name: str) -> None:
         assert isinstance(node.get("parameters"), dict), label
 
 
-@pytest.mark.parametrize("name", WORKFLOWS)
+@pytest.mark.parametrize("name", EVERY_WORKFLOW)
 def test_node_names_and_ids_are_unique(name: str) -> None:
     """No two nodes share a name (connections are keyed by name) or an id."""
     all_nodes = nodes(load(name))
@@ -230,7 +235,7 @@ def test_node_names_and_ids_are_unique(name: str) -> None:
     assert len(ids) == len(set(ids))
 
 
-@pytest.mark.parametrize("name", WORKFLOWS)
+@pytest.mark.parametrize("name", EVERY_WORKFLOW)
 def test_connections_name_existing_nodes(name: str) -> None:
     """Every connection's source and target is a node of the workflow, with a matching type."""
     workflow = load(name)
@@ -243,7 +248,7 @@ def test_connections_name_existing_nodes(name: str) -> None:
         assert edge_type == kind, (source, target)
 
 
-@pytest.mark.parametrize("name", WORKFLOWS)
+@pytest.mark.parametrize("name", EVERY_WORKFLOW)
 def test_every_non_note_node_is_connected(name: str) -> None:
     """No node except sticky notes is left dangling outside the graph."""
     workflow = load(name)
@@ -256,7 +261,7 @@ def test_every_non_note_node_is_connected(name: str) -> None:
     assert loose == []
 
 
-@pytest.mark.parametrize("name", WORKFLOWS)
+@pytest.mark.parametrize("name", EVERY_WORKFLOW)
 def test_expressions_are_marked_and_reference_existing_nodes(name: str) -> None:
     """A parameter using {{ }} starts with '=' (or n8n sends it literally); $('X') names a node."""
     workflow = load(name)
@@ -271,7 +276,7 @@ def test_expressions_are_marked_and_reference_existing_nodes(name: str) -> None:
                 assert referenced in names, (node["name"], referenced)
 
 
-@pytest.mark.parametrize("name", WORKFLOWS)
+@pytest.mark.parametrize("name", EVERY_WORKFLOW)
 def test_if_nodes_use_the_v2_condition_shape(name: str) -> None:
     """IF nodes are typeVersion 2 with typed conditions joined by and/or and two outputs at most."""
     workflow = load(name)
@@ -344,7 +349,7 @@ def test_gateway_requests_never_error_and_retry_transport_errors_only(name: str)
             }, (node["name"], target)
 
 
-@pytest.mark.parametrize("name", WORKFLOWS)
+@pytest.mark.parametrize("name", EVERY_WORKFLOW)
 def test_workflow_has_an_id_to_publish(name: str) -> None:
     """Each file carries a workflow id: `n8n publish:workflow --id` needs one after importing."""
     workflow_id = load(name).get("id")
@@ -583,13 +588,127 @@ def test_agent_chat_has_a_production_url() -> None:
     assert chat["webhookId"]
 
 
+# ------------------------------------------------------------------------------ (d) the Idem node
+
+
+def idem_nodes(workflow: dict[str, Any]) -> list[dict[str, Any]]:
+    return [node for node in nodes(workflow) if node["type"] == IDEM_NODE]
+
+
+@cache
+def idem_parameter_names() -> set[str]:
+    """Every parameter name the Idem node declares (read from its TypeScript source)."""
+    source = IDEM_NODE_SOURCE.read_text(encoding="utf-8")
+    return set(re.findall(r"^\t+name: '(\w+)',$", source, re.MULTILINE))
+
+
+def test_node_workflow_uses_the_idem_node_for_every_gateway_call() -> None:
+    """04 talks to the gateway only through Idem nodes (claim, complete, fail), none by HTTP."""
+    workflow = load(NODE_CLAIM)
+    assert gateway_requests(workflow) == []
+    operations = {node["name"]: node["parameters"]["operation"] for node in idem_nodes(workflow)}
+    assert operations == {
+        "Idem: claim": "claim",
+        "Idem: complete": "complete",
+        "Idem: fail": "fail",
+    }
+
+
+def test_idem_nodes_use_parameters_the_node_declares() -> None:
+    """Every parameter 04 sets on an Idem node exists in the node's description."""
+    declared = idem_parameter_names()
+    assert {"operation", "key", "leaseToken", "payload", "effect", "retryable"} <= declared
+    for node in idem_nodes(load(NODE_CLAIM)):
+        assert set(node["parameters"]) <= declared, (
+            node["name"],
+            set(node["parameters"]) - declared,
+        )
+
+
+def test_idem_nodes_take_the_credential_and_retry_transport_errors() -> None:
+    """Idem nodes use the Idem API credential, Retry On Fail, and answer 503 + Retry-After from
+    their error output when the gateway stays unreachable."""
+    workflow = load(NODE_CLAIM)
+    named = by_name(workflow)
+    for node in idem_nodes(workflow):
+        assert set(node["credentials"]) == {"idemApi"}, node["name"]
+        assert node.get("retryOnFail") is True, node["name"]
+        assert 1 < int(node.get("maxTries", 3)) <= 5, node["name"]
+        assert node.get("onError") == "continueErrorOutput", node["name"]
+        outputs = len(workflow["connections"][node["name"]]["main"])
+        # Claim: Act, Look First, Done, Busy, Dead, Refused, then n8n's error output.
+        error_output = 6 if node["parameters"]["operation"] == "claim" else 1
+        assert outputs == error_output + 1, node["name"]
+        (handler,) = targets(workflow, node["name"], error_output)
+        options = named[handler]["parameters"]["options"]
+        assert named[handler]["type"] == "n8n-nodes-base.respondToWebhook"
+        assert options["responseCode"] == 503
+        assert "Retry-After" in {h["name"] for h in options["responseHeaders"]["entries"]}
+
+
+def test_node_claim_routes_every_outcome() -> None:
+    """Act creates, Look First finds the task first, Done answers the stored result, Busy 503
+    with Retry-After, Dead and Refused are answered with the gateway's status."""
+    workflow = load(NODE_CLAIM)
+    named = by_name(workflow)
+    claim = named["Idem: claim"]
+    assert claim["parameters"]["waitWhileBusy"] is True
+    assert claim["parameters"]["key"] == "={{ $json.CLAIM_KEY }}"
+    assert targets(workflow, "Idem: claim", 0) == ["CRM: create follow-up task"]
+    assert targets(workflow, "Idem: claim", 1) == ["CRM: find task"]
+    assert targets(workflow, "Idem: claim", 2) == ["Respond: stored result"]
+    (busy,) = targets(workflow, "Idem: claim", 3)
+    assert named[busy]["parameters"]["options"]["responseCode"] == 503
+    assert targets(workflow, "Idem: claim", 4) == targets(workflow, "Idem: claim", 5)
+    stored = named["Respond: stored result"]["parameters"]["options"]
+    assert {"name": "Idempotent-Replayed", "value": "true"} in stored["responseHeaders"]["entries"]
+    assert targets(workflow, "Found in CRM?", 0) == ["Task reference"]
+    assert targets(workflow, "Not in CRM?", 0) == ["CRM: create follow-up task"]
+    assert targets(workflow, "Not in CRM?", 1) == ["Classify CRM error"]
+
+
+def test_node_lease_token_travels_on_the_item() -> None:
+    """Complete and fail keep the default key and lease token (the item's `idem`), and the Set
+    nodes before them carry the claim's `idem` onto the item."""
+    workflow = load(NODE_CLAIM)
+    named = by_name(workflow)
+    for name in ("Idem: complete", "Idem: fail"):
+        assert "key" not in named[name]["parameters"], name
+        assert "leaseToken" not in named[name]["parameters"], name
+    for name in ("Task reference", "Classify CRM error"):
+        assert assignment(named[name], "idem") == "={{ $('Idem: claim').item.json.idem }}"
+    assert targets(workflow, "Task reference", 0) == ["Idem: complete"]
+    assert targets(workflow, "Classify CRM error", 0) == ["Idem: fail"]
+    assert named["Idem: fail"]["parameters"]["effect"] == "={{ $json.effect }}"
+    effect = assignment(named["Classify CRM error"], "effect")
+    assert "'none'" in effect and "statusCode < 500" in effect
+
+
+def test_node_defaults_read_the_item() -> None:
+    """The node's Key and Lease Token defaults read `idem.key` and `idem.lease_token`."""
+    source = IDEM_NODE_SOURCE.read_text(encoding="utf-8")
+    assert "default: '={{ $json.idem.key }}'" in source
+    assert "default: '={{ $json.idem.lease_token }}'" in source
+
+
+def test_webhook_paths_are_unique_across_examples() -> None:
+    """Published together (as `make n8n-e2e` does), no two examples claim one webhook path."""
+    paths = [
+        node["parameters"]["path"]
+        for name in EVERY_WORKFLOW
+        for node in nodes(load(name))
+        if node["type"] == "n8n-nodes-base.webhook"
+    ]
+    assert len(paths) == len(set(paths))
+
+
 # ------------------------------------------------------------------------------ documentation
 
 
 def test_docs_describe_every_example() -> None:
     """docs/n8n.md names each example file and examples/n8n/README.md points to it."""
     doc = DOC.read_text(encoding="utf-8")
-    for name in WORKFLOWS:
+    for name in EVERY_WORKFLOW:
         assert name in doc, name
     for needle in (
         "IDEM_URL",
@@ -605,6 +724,9 @@ def test_docs_describe_every_example() -> None:
         "Retry-After",
         "create_follow_up_task",
         "make n8n-e2e",
+        "n8n-nodes-idem",
+        "N8N_CUSTOM_EXTENSIONS",
+        "img/n8n-idem-node.png",
     ):
         assert needle in doc, needle
     assert "docs/n8n.md" in (EXAMPLES / "README.md").read_text(encoding="utf-8")

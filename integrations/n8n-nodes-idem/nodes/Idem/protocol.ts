@@ -1,0 +1,402 @@
+/**
+ * The gateway's HTTP contract as plain functions: the request each operation sends, and what
+ * each answer means. Nothing here imports n8n, so `node --test` checks it without n8n or a
+ * network; `Idem.node.ts` only reads parameters, sends, and places items on outputs.
+ *
+ * Every answer is one of three kinds:
+ *
+ *   unavailable   no answer, 408, 429 or 5xx: nothing can be concluded, so the node throws
+ *                 and n8n's Retry On Fail / error output take over (the gateway changed
+ *                 nothing, or the request is safe to repeat: a claim is idempotent by its key,
+ *                 a complete or fail by its lease token)
+ *   refused       another 4xx or a 409 that is not a claim outcome (`lease_lost`,
+ *                 `not_a_claim_key`, `idempotency_key_reused`, `unauthorized` ...): the item
+ *                 goes on with `idem.error` set to the gateway's code
+ *   answered      2xx, and for a claim the 200/201/409 outcomes routed below
+ */
+
+import { createHmac } from 'crypto';
+
+export interface IdemCredentials {
+	baseUrl: string;
+	claimsToken?: string;
+	operatorToken?: string;
+	signingSecret?: string;
+}
+
+export interface GatewayRequest {
+	method: 'GET' | 'POST';
+	url: string;
+	headers: Record<string, string>;
+	/** The exact text sent: a signature covers these bytes. */
+	body?: string;
+}
+
+export interface GatewayAnswer {
+	statusCode: number;
+	headers: Record<string, unknown>;
+	/** The raw text (or an already parsed object). */
+	body: unknown;
+}
+
+export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+export type JsonMap = { [key: string]: Json };
+
+/** A parameter the node cannot send: the user has to fix the workflow. */
+export class IdemInputError extends Error {}
+
+// ------------------------------------------------------------------ requests
+
+function base(credentials: IdemCredentials): string {
+	const url = (credentials.baseUrl || '').trim().replace(/\/+$/, '');
+	if (!/^https?:\/\//.test(url)) {
+		throw new IdemInputError(`The credential's Base URL must start with http:// or https:// (got "${url}")`);
+	}
+	return url;
+}
+
+function required(value: unknown, label: string): string {
+	const text = value === undefined || value === null ? '' : String(value).trim();
+	if (!text) {
+		throw new IdemInputError(`${label} is empty`);
+	}
+	return text;
+}
+
+function claimPath(credentials: IdemCredentials, key: string, action?: string): string {
+	const path = `${base(credentials)}/v1/claims/${encodeURIComponent(required(key, 'Key'))}`;
+	return action ? `${path}/${action}` : path;
+}
+
+/** Claims calls carry the claims token; without one the gateway serves only its own machine. */
+function claimsHeaders(credentials: IdemCredentials): Record<string, string> {
+	const headers: Record<string, string> = { 'Content-Type': 'application/json', Accept: 'application/json' };
+	if (credentials.claimsToken) {
+		headers.Authorization = `Bearer ${credentials.claimsToken}`;
+	}
+	return headers;
+}
+
+/** JSON text without the members left undefined (the gateway forbids unknown or null ones). */
+function jsonBody(members: Record<string, unknown>): string {
+	const kept: Record<string, unknown> = {};
+	for (const [name, value] of Object.entries(members)) {
+		if (value !== undefined) kept[name] = value;
+	}
+	return JSON.stringify(kept);
+}
+
+function optionalText(value: unknown): string | undefined {
+	const text = value === undefined || value === null ? '' : String(value).trim();
+	return text ? text : undefined;
+}
+
+function leaseSeconds(value: unknown): number | undefined {
+	if (value === undefined || value === null || value === '') return undefined;
+	const seconds = Number(value);
+	if (!Number.isInteger(seconds) || seconds < 1 || seconds > 3600) {
+		throw new IdemInputError(`Lease seconds must be a whole number from 1 to 3600 (got ${String(value)})`);
+	}
+	return seconds;
+}
+
+/** A JSON parameter: n8n hands over an object, or the text typed into the field. */
+export function jsonParameter(value: unknown, label: string): Json | undefined {
+	if (value === undefined || value === '') return undefined;
+	if (typeof value === 'string') {
+		try {
+			return JSON.parse(value) as Json;
+		} catch {
+			throw new IdemInputError(`${label} is not valid JSON`);
+		}
+	}
+	return value as Json;
+}
+
+export interface ClaimInput {
+	key: string;
+	payload?: Json;
+	leaseSeconds?: number | string;
+	workflow?: string;
+	correlationId?: string;
+}
+
+export function claimRequest(credentials: IdemCredentials, input: ClaimInput): GatewayRequest {
+	return {
+		method: 'POST',
+		url: `${base(credentials)}/v1/claims`,
+		headers: claimsHeaders(credentials),
+		body: jsonBody({
+			key: required(input.key, 'Key'),
+			payload: input.payload,
+			lease_seconds: leaseSeconds(input.leaseSeconds),
+			// The gateway caps the workflow name at 500 characters.
+			workflow: optionalText(input.workflow)?.slice(0, 500),
+			correlation_id: optionalText(input.correlationId),
+		}),
+	};
+}
+
+export interface CompleteInput {
+	key: string;
+	leaseToken: string;
+	result?: Json;
+	externalRef?: string;
+}
+
+export function completeRequest(credentials: IdemCredentials, input: CompleteInput): GatewayRequest {
+	return {
+		method: 'POST',
+		url: claimPath(credentials, input.key, 'complete'),
+		headers: claimsHeaders(credentials),
+		body: jsonBody({
+			lease_token: required(input.leaseToken, 'Lease token'),
+			result: input.result,
+			external_ref: optionalText(input.externalRef),
+		}),
+	};
+}
+
+export type Effect = 'unknown' | 'none';
+
+export interface FailInput {
+	key: string;
+	leaseToken: string;
+	errorCode: string;
+	retryable: boolean;
+	/** `none` only when nothing was done (the downstream refused, the request never left). */
+	effect?: Effect;
+	detail?: string;
+}
+
+export function failRequest(credentials: IdemCredentials, input: FailInput): GatewayRequest {
+	const effect = input.effect ?? 'unknown';
+	if (effect !== 'unknown' && effect !== 'none') {
+		throw new IdemInputError(`Effect must be "unknown" or "none" (got "${String(effect)}")`);
+	}
+	const errorCode = required(input.errorCode, 'Error code');
+	if (!/^[A-Za-z0-9_.:-]{1,100}$/.test(errorCode)) {
+		throw new IdemInputError(`Error code may hold letters, digits and _ . : - only, 100 at most (got "${errorCode}")`);
+	}
+	return {
+		method: 'POST',
+		url: claimPath(credentials, input.key, 'fail'),
+		headers: claimsHeaders(credentials),
+		body: jsonBody({
+			lease_token: required(input.leaseToken, 'Lease token'),
+			error_code: errorCode,
+			retryable: Boolean(input.retryable),
+			effect,
+			detail: input.detail ? String(input.detail).slice(0, 10_000) : undefined,
+		}),
+	};
+}
+
+export interface HeartbeatInput {
+	key: string;
+	leaseToken: string;
+	leaseSeconds?: number | string;
+}
+
+export function heartbeatRequest(credentials: IdemCredentials, input: HeartbeatInput): GatewayRequest {
+	return {
+		method: 'POST',
+		url: claimPath(credentials, input.key, 'heartbeat'),
+		headers: claimsHeaders(credentials),
+		body: jsonBody({
+			lease_token: required(input.leaseToken, 'Lease token'),
+			lease_seconds: leaseSeconds(input.leaseSeconds),
+		}),
+	};
+}
+
+/** `GET /v1/events/{key}` returns the stored result: it takes the claims or the operator token. */
+export function getEventRequest(credentials: IdemCredentials, key: string): GatewayRequest {
+	const headers: Record<string, string> = { Accept: 'application/json' };
+	const token = credentials.claimsToken || credentials.operatorToken;
+	if (token) headers.Authorization = `Bearer ${token}`;
+	return {
+		method: 'GET',
+		url: `${base(credentials)}/v1/events/${encodeURIComponent(required(key, 'Key'))}`,
+		headers,
+	};
+}
+
+export interface SendEventInput {
+	/** The envelope: source, event_type, external_id, payload, and the optional members. */
+	envelope: Record<string, unknown>;
+	idempotencyKey?: string;
+}
+
+/**
+ * The gateway's `hmac` scheme, v2: HMAC-SHA256 over "<timestamp>.<idempotency key>.<body>",
+ * the key empty when none is sent, so a captured request cannot come back under another key.
+ */
+export function signature(secret: string, timestamp: number, idempotencyKey: string, body: string): string {
+	const digest = createHmac('sha256', secret).update(`${timestamp}.${idempotencyKey}.${body}`).digest('hex');
+	return `v2=${digest}`;
+}
+
+export function sendEventRequest(
+	credentials: IdemCredentials,
+	input: SendEventInput,
+	nowSeconds: number,
+): GatewayRequest {
+	const body = JSON.stringify(input.envelope);
+	const headers: Record<string, string> = { 'Content-Type': 'application/json', Accept: 'application/json' };
+	const key = optionalText(input.idempotencyKey);
+	if (key) headers['Idempotency-Key'] = key;
+	if (credentials.signingSecret) {
+		const timestamp = Math.floor(nowSeconds);
+		headers['X-Idem-Timestamp'] = String(timestamp);
+		headers['X-Idem-Signature'] = signature(credentials.signingSecret, timestamp, key ?? '', body);
+	}
+	return { method: 'POST', url: `${base(credentials)}/v1/events`, headers, body };
+}
+
+/** The envelope from the node's fields; empty optional members are left out. */
+export function envelopeFromFields(fields: {
+	source: string;
+	eventType: string;
+	externalId: string | number;
+	payload: Json | undefined;
+	version?: string;
+	correlationId?: string;
+	workflow?: string;
+	executionId?: string;
+}): Record<string, unknown> {
+	const payload = fields.payload ?? {};
+	if (typeof payload !== 'object' || payload === null || Array.isArray(payload)) {
+		throw new IdemInputError('Payload must be a JSON object');
+	}
+	const envelope: Record<string, unknown> = {
+		source: required(fields.source, 'Source'),
+		event_type: required(fields.eventType, 'Event type'),
+		external_id: typeof fields.externalId === 'number' ? fields.externalId : required(fields.externalId, 'External ID'),
+		payload,
+	};
+	const optional = {
+		version: fields.version,
+		correlation_id: fields.correlationId,
+		workflow: fields.workflow,
+		execution_id: fields.executionId,
+	};
+	for (const [name, value] of Object.entries(optional)) {
+		const text = optionalText(value);
+		if (text) envelope[name] = text;
+	}
+	return envelope;
+}
+
+// ------------------------------------------------------------------ answers
+
+export function header(headers: Record<string, unknown>, name: string): string | undefined {
+	const wanted = name.toLowerCase();
+	for (const [key, value] of Object.entries(headers ?? {})) {
+		if (key.toLowerCase() === wanted) {
+			return Array.isArray(value) ? String(value[0]) : value === undefined ? undefined : String(value);
+		}
+	}
+	return undefined;
+}
+
+/** The body as an object: JSON (problem+json included) parsed, anything else kept as text. */
+export function parseBody(body: unknown): JsonMap {
+	if (body === undefined || body === null || body === '') return {};
+	if (typeof body === 'object' && !Array.isArray(body)) return body as JsonMap;
+	const text = typeof body === 'string' ? body : Buffer.isBuffer(body) ? body.toString('utf8') : String(body);
+	try {
+		const value = JSON.parse(text) as Json;
+		if (value && typeof value === 'object' && !Array.isArray(value)) return value;
+		return { value };
+	} catch {
+		return { text: text.slice(0, 2000) };
+	}
+}
+
+/** No conclusion possible: Retry On Fail may repeat the request. */
+export function isUnavailable(statusCode: number): boolean {
+	return statusCode === 408 || statusCode === 429 || statusCode >= 500;
+}
+
+/**
+ * What the item carries under `idem`: the gateway's answer, its HTTP status, whether it was a
+ * replay, Retry-After when given, and `error` (the problem's code, else the answer's status,
+ * else `http_<code>`) when it was not a success.
+ */
+export function answerFields(answer: GatewayAnswer): JsonMap {
+	const body = parseBody(answer.body);
+	const fields: JsonMap = { ...body, status_code: answer.statusCode };
+	if (header(answer.headers, 'idempotent-replayed') === 'true') fields.replayed = true;
+	const retryAfter = Number(header(answer.headers, 'retry-after'));
+	if (Number.isFinite(retryAfter) && retryAfter > 0) fields.retry_after = retryAfter;
+	if (answer.statusCode >= 300) {
+		const code = typeof body.error === 'string' ? body.error : typeof body.status === 'string' ? body.status : null;
+		fields.error = code ?? `http_${answer.statusCode}`;
+	}
+	return fields;
+}
+
+/** One line for an unavailable answer, for the error n8n shows and retries on. */
+export function unavailableMessage(answer: GatewayAnswer): string {
+	const fields = answerFields(answer);
+	const detail = typeof fields.detail === 'string' ? `: ${fields.detail}` : '';
+	return `The gateway is unavailable (HTTP ${answer.statusCode} ${String(fields.error)})${detail}`;
+}
+
+// ------------------------------------------------------------------ claim outcomes
+
+/** The Claim operation's outputs, in order. */
+export const CLAIM_ROUTES = ['act', 'lookFirst', 'done', 'busy', 'dead', 'refused'] as const;
+export type ClaimRoute = (typeof CLAIM_ROUTES)[number];
+
+export const CLAIM_OUTPUT_NAMES: Record<ClaimRoute, string> = {
+	act: 'Act',
+	lookFirst: 'Look First',
+	done: 'Done',
+	busy: 'Busy',
+	dead: 'Dead',
+	refused: 'Refused',
+};
+
+/**
+ * Where a claim's answer goes:
+ *
+ *   201 claimed, uncertain false      act: nothing was done before
+ *   201 claimed, uncertain true       lookFirst: an earlier attempt may have acted
+ *   200 already_succeeded             done: the stored result
+ *   409 in_progress                   busy: someone holds a live lease (Retry-After)
+ *   409 failed_final / quarantined    dead: an operator decides
+ *   any other answer                  refused (`idem.error` says why)
+ *
+ * Unavailable answers never get here: the node throws on them.
+ */
+export function claimRoute(answer: GatewayAnswer): ClaimRoute {
+	const body = parseBody(answer.body);
+	const status = body.status;
+	if (answer.statusCode === 201 && status === 'claimed') {
+		return body.uncertain === true ? 'lookFirst' : 'act';
+	}
+	if (answer.statusCode === 200 && status === 'already_succeeded') return 'done';
+	if (answer.statusCode === 409 && status === 'in_progress') return 'busy';
+	if (answer.statusCode === 409 && (status === 'failed_final' || status === 'quarantined')) return 'dead';
+	return 'refused';
+}
+
+export const BUSY_WAIT_DEFAULT_SECONDS = 2;
+
+/**
+ * Seconds to wait before claiming again while busy: the gateway's Retry-After (the live
+ * lease's remaining time), at least 1 s, at most `capSeconds` so a long lease does not hold
+ * the execution for minutes.
+ */
+export function busyWaitSeconds(answer: GatewayAnswer, capSeconds: number): number {
+	const fromHeader = Number(header(answer.headers, 'retry-after'));
+	const fromBody = Number(parseBody(answer.body).retry_after);
+	const wanted = Number.isFinite(fromHeader) && fromHeader > 0
+		? fromHeader
+		: Number.isFinite(fromBody) && fromBody > 0
+			? fromBody
+			: BUSY_WAIT_DEFAULT_SECONDS;
+	return Math.min(Math.max(wanted, 1), Math.max(capSeconds, 1));
+}

@@ -1,0 +1,216 @@
+// The Idem node's execute() with a scripted gateway in place of n8n's HTTP helper: which
+// output each item takes, what it carries, what is thrown. No n8n process, no network.
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const { NodeApiError, NodeOperationError } = require('n8n-workflow');
+
+const { Idem } = require('../dist/nodes/Idem/Idem.node.js');
+const { IdemApi } = require('../dist/credentials/IdemApi.credentials.js');
+
+const CREDENTIALS = { baseUrl: 'http://idem.test', claimsToken: 'claims-secret' };
+
+/**
+ * A fake IExecuteFunctions: `parameters` by name (the same for every item), `answers` the
+ * gateway's replies in order (an Error is a transport failure). Requests are recorded.
+ */
+function context({ parameters, answers, items = [{ json: { body: { id: 'evt-1' } } }], continueOnFail = false }) {
+	const requests = [];
+	const queue = [...answers];
+	return {
+		requests,
+		getInputData: () => items,
+		getNodeParameter: (name, _index, fallback) => (name in parameters ? parameters[name] : fallback),
+		getCredentials: async (type) => {
+			assert.equal(type, 'idemApi');
+			return CREDENTIALS;
+		},
+		getNode: () => ({ id: 'n1', name: 'Idem', type: 'n8n-nodes-idem.idem', typeVersion: 1, position: [0, 0], parameters: {} }),
+		getWorkflow: () => ({ id: 'wf1', name: 'CRM follow-up', active: true }),
+		getExecutionId: () => '42',
+		continueOnFail: () => continueOnFail,
+		helpers: {
+			httpRequest: async (options) => {
+				requests.push(options);
+				const next = queue.shift();
+				if (next === undefined) throw new Error('no scripted answer left');
+				if (next instanceof Error) throw next;
+				return { statusCode: next[0], headers: next[2] ?? {}, body: JSON.stringify(next[1]) };
+			},
+		},
+	};
+}
+
+async function run(options) {
+	const fake = context(options);
+	const outputs = await new Idem().execute.call(fake);
+	return { outputs, requests: fake.requests };
+}
+
+const CLAIM = { operation: 'claim', key: 'n8n:crm-follow-up:evt-1', payload: '{"event_id": "evt-1"}', leaseSeconds: 60 };
+
+function routeOf(outputs) {
+	const names = ['Act', 'Look First', 'Done', 'Busy', 'Dead', 'Refused'];
+	assert.equal(outputs.length, names.length);
+	const used = outputs.map((items, index) => (items.length ? names[index] : null)).filter(Boolean);
+	assert.equal(used.length, 1, `one output used, got ${used}`);
+	return used[0];
+}
+
+test('claimed: the item goes to Act with the lease token and keeps its own data', async () => {
+	const { outputs, requests } = await run({
+		parameters: CLAIM,
+		answers: [[201, { status: 'claimed', key: CLAIM.key, lease_token: '3.abc', uncertain: false, reclaimed: false }]],
+	});
+	assert.equal(routeOf(outputs), 'Act');
+	const [item] = outputs[0];
+	assert.deepEqual(item.json.body, { id: 'evt-1' });
+	assert.equal(item.json.idem.lease_token, '3.abc');
+	assert.equal(item.json.idem.key, CLAIM.key);
+	assert.equal(item.json.idem.outcome, 'act');
+	assert.deepEqual(item.pairedItem, { item: 0 });
+	assert.equal(requests[0].url, 'http://idem.test/v1/claims');
+	assert.equal(requests[0].headers.Authorization, 'Bearer claims-secret');
+	assert.equal(requests[0].ignoreHttpStatusErrors, true);
+	assert.equal(JSON.parse(requests[0].body).workflow, 'CRM follow-up');
+});
+
+test('uncertain: Look First; already succeeded: Done with the stored result; dead: Dead', async () => {
+	const uncertain = await run({
+		parameters: CLAIM,
+		answers: [[201, { status: 'claimed', lease_token: 't', uncertain: true, reclaimed: true }]],
+	});
+	assert.equal(routeOf(uncertain.outputs), 'Look First');
+	const done = await run({
+		parameters: CLAIM,
+		answers: [[200, { status: 'already_succeeded', result: { task_id: 'T-1' }, external_ref: 'T-1' }, { 'idempotent-replayed': 'true' }]],
+	});
+	assert.equal(routeOf(done.outputs), 'Done');
+	assert.deepEqual(done.outputs[2][0].json.idem.result, { task_id: 'T-1' });
+	assert.equal(done.outputs[2][0].json.idem.replayed, true);
+	const dead = await run({ parameters: CLAIM, answers: [[409, { status: 'failed_final', error_code: 'x' }]] });
+	assert.equal(routeOf(dead.outputs), 'Dead');
+});
+
+test('busy: waits Retry-After and claims again, bounded by Max Rounds', async () => {
+	const busy = [409, { status: 'in_progress', retry_after: 1 }, { 'retry-after': '1' }];
+	const finished = await run({
+		parameters: { ...CLAIM, waitWhileBusy: true, maxRounds: 3, maxWaitSeconds: 1 },
+		answers: [busy, [200, { status: 'already_succeeded', result: {} }]],
+	});
+	assert.equal(routeOf(finished.outputs), 'Done');
+	assert.equal(finished.requests.length, 2);
+	assert.equal(finished.outputs[2][0].json.idem.busy_rounds, 1);
+
+	const gaveUp = await run({
+		parameters: { ...CLAIM, waitWhileBusy: true, maxRounds: 1, maxWaitSeconds: 1 },
+		answers: [busy, busy],
+	});
+	assert.equal(routeOf(gaveUp.outputs), 'Busy');
+	assert.equal(gaveUp.requests.length, 2);
+	assert.equal(gaveUp.outputs[3][0].json.idem.retry_after, 1);
+
+	const noWait = await run({ parameters: { ...CLAIM, waitWhileBusy: false }, answers: [busy] });
+	assert.equal(routeOf(noWait.outputs), 'Busy');
+	assert.equal(noWait.requests.length, 1);
+});
+
+test('a refusal goes to Refused with the gateway’s error code', async () => {
+	const { outputs } = await run({
+		parameters: CLAIM,
+		answers: [[422, { type: 'urn:idem:error:idempotency_key_reused', status: 422, error: 'idempotency_key_reused', detail: 'd' }]],
+	});
+	assert.equal(routeOf(outputs), 'Refused');
+	assert.equal(outputs[5][0].json.idem.error, 'idempotency_key_reused');
+});
+
+test('a transport error or a 503 is thrown as NodeApiError (Retry On Fail applies)', async () => {
+	await assert.rejects(
+		run({ parameters: CLAIM, answers: [Object.assign(new Error('connect ECONNREFUSED'), { code: 'ECONNREFUSED' })] }),
+		// n8n words known transport codes itself ("The service refused the connection ...").
+		(error) => error instanceof NodeApiError,
+	);
+	await assert.rejects(
+		run({ parameters: CLAIM, answers: [[503, { error: 'database_unavailable', detail: 'down' }, { 'retry-after': '5' }]] }),
+		(error) => error instanceof NodeApiError && /database_unavailable/.test(error.message) && error.httpCode === '503',
+	);
+});
+
+test('with Continue On Fail, a transport error leaves on Refused, never on Act', async () => {
+	const { outputs } = await run({ parameters: CLAIM, answers: [new Error('socket hang up')], continueOnFail: true });
+	assert.equal(routeOf(outputs), 'Refused');
+	assert.deepEqual(Object.keys(outputs[5][0].json), ['error']);
+});
+
+test('an empty key is a NodeOperationError and nothing is sent', async () => {
+	const fake = context({ parameters: { ...CLAIM, key: '' }, answers: [] });
+	await assert.rejects(new Idem().execute.call(fake), (error) => error instanceof NodeOperationError && /Key is empty/.test(error.message));
+	assert.equal(fake.requests.length, 0);
+});
+
+test('complete takes key and lease token from its parameters and reports lease_lost on the item', async () => {
+	const parameters = { operation: 'complete', key: 'k', leaseToken: '3.abc', result: { task_id: 'T-1' }, externalRef: 'T-1' };
+	const done = await run({ parameters, answers: [[200, { status: 'succeeded', key: 'k', external_ref: 'T-1' }]] });
+	assert.equal(done.outputs.length, 1);
+	assert.equal(done.outputs[0][0].json.idem.status, 'succeeded');
+	assert.equal(done.requests[0].url, 'http://idem.test/v1/claims/k/complete');
+	assert.deepEqual(JSON.parse(done.requests[0].body), { lease_token: '3.abc', result: { task_id: 'T-1' }, external_ref: 'T-1' });
+	const lost = await run({ parameters, answers: [[409, { status: 'lease_lost', key: 'k' }]] });
+	assert.equal(lost.outputs[0][0].json.idem.error, 'lease_lost');
+});
+
+test('fail sends retryable and effect', async () => {
+	const parameters = { operation: 'fail', key: 'k', leaseToken: 't', errorCode: 'http_503', retryable: true, effect: 'unknown' };
+	const { requests, outputs } = await run({ parameters, answers: [[200, { status: 'failed_retryable', key: 'k' }]] });
+	assert.deepEqual(JSON.parse(requests[0].body), { lease_token: 't', error_code: 'http_503', retryable: true, effect: 'unknown' });
+	assert.equal(outputs[0][0].json.idem.status, 'failed_retryable');
+});
+
+test('send event posts the envelope from fields with workflow and execution id', async () => {
+	const parameters = {
+		operation: 'sendEvent',
+		envelope: 'fields',
+		source: 'webform',
+		eventType: 'crm.lead.created',
+		externalId: 'evt-1',
+		eventPayload: { email: 'ada@example.com' },
+		idempotencyKey: 'webform:evt-1',
+	};
+	const { requests, outputs } = await run({ parameters, answers: [[202, { status: 'pending', duplicate: false }]] });
+	assert.deepEqual(JSON.parse(requests[0].body), {
+		source: 'webform',
+		event_type: 'crm.lead.created',
+		external_id: 'evt-1',
+		payload: { email: 'ada@example.com' },
+		workflow: 'CRM follow-up',
+		execution_id: '42',
+	});
+	assert.equal(requests[0].headers['Idempotency-Key'], 'webform:evt-1');
+	assert.equal(outputs[0][0].json.idem.duplicate, false);
+});
+
+test('the outputs expression gives Claim six named outputs and every other operation one', () => {
+	const { description } = new Idem();
+	assert.match(description.outputs, /^=\{\{[\s\S]*\}\}$/);
+	const evaluate = (operation) =>
+		// The expression is plain JavaScript over $parameter, as n8n evaluates it.
+		new Function('$parameter', `return ${description.outputs.slice(3, -2)}`)({ operation });
+	assert.deepEqual(
+		evaluate('claim').map((output) => output.displayName),
+		['Act', 'Look First', 'Done', 'Busy', 'Dead', 'Refused'],
+	);
+	assert.equal(evaluate(undefined).length, 6, 'the default operation is claim');
+	for (const operation of ['sendEvent', 'complete', 'fail', 'heartbeat', 'getEvent']) {
+		assert.deepEqual(evaluate(operation), ['main'], operation);
+	}
+});
+
+test('the credential is Idem API with base URL, claims token, operator token and signing secret', () => {
+	const credential = new IdemApi();
+	assert.equal(credential.name, 'idemApi');
+	assert.equal(credential.displayName, 'Idem API');
+	assert.deepEqual(
+		credential.properties.map((p) => p.name),
+		['baseUrl', 'claimsToken', 'operatorToken', 'signingSecret'],
+	);
+	for (const secret of credential.properties.slice(1)) assert.equal(secret.typeOptions.password, true, secret.name);
+});
