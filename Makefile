@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run demo test test-slow chaos lint format up migrate clean bench constraints n8n-e2e
+.PHONY: help install run demo test test-slow chaos lint format up migrate clean bench constraints n8n-e2e node-test
 
 help: ## List the targets with what they do
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ test-slow: install ## Run the slow soaks only
 
 n8n-e2e: install ## The n8n examples and the Idem node (built with npm) in a real n8n 2.8.4 (installs it into .n8n/ unless N8N_BIN is set)
 	$(PY) -m tests.n8n_e2e
+
+node-test: ## The n8n node package: npm ci, lint (n8n's node rules), build and its unit tests
+	cd integrations/n8n-nodes-idem && npm ci --no-audit --no-fund && npm run lint && npm test
 
 chaos: install ## Chaos soak: kills, restarts, lost answers; checks every event (5 min)
 	$(PY) -m tests.chaos.soak
