@@ -28,7 +28,7 @@ from bench.infra import Processes, libpq, worker_pool_default
 from bench.load import Spec, generate, percentile
 from bench.pipeline import CpuMeter, Naive, idem_times, latencies_ms, throughput, wait_idem_drained
 from bench.report import Check, median
-from outbox.settings import Settings
+from outbox.core.settings import Settings
 
 DELAYS = (0.1, 1.0)
 # The targets on a 2-core machine with default settings.

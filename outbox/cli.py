@@ -12,13 +12,13 @@ from typing import Any
 
 import typer
 
-from outbox.logs import configure_logging, get_logger
-from outbox.opcli import dlq_app, purge_command, replay_command
-from outbox.routes import RoutesError, load_routes
-from outbox.settings import Settings, get_settings
-from outbox.timing import TimingError, check_timing
-from outbox.tokens import TokenError, check_tokens, configured_tokens
-from outbox.watchcli import routes_app, stats_command, stuck_command
+from outbox.core.logs import configure_logging, get_logger
+from outbox.core.routes import RoutesError, load_routes
+from outbox.core.settings import Settings, get_settings
+from outbox.core.timeouts import TimingError, check_timing
+from outbox.core.tokens import TokenError, check_tokens, configured_tokens
+from outbox.operate.commands import dlq_app, purge_command, replay_command
+from outbox.operate.watch import routes_app, stats_command, stuck_command
 
 app = typer.Typer(
     help="Exactly-once side effects for automation workflows.",
@@ -67,7 +67,7 @@ def serve(
 
     settings = _settings()
     uvicorn.run(
-        "outbox.receiver:create_app",
+        "outbox.app:create_app",
         factory=True,
         host=host or settings.host,
         port=port or settings.port,
@@ -81,9 +81,9 @@ def serve(
 @app.command()
 def relay() -> None:
     """Publish due outbox rows to the broker until stopped."""
-    from outbox.db import create_relay_engine
-    from outbox.publisher import create_publisher
-    from outbox.relay import run_relay
+    from outbox.relay.loop import run_relay
+    from outbox.relay.publisher import create_publisher
+    from outbox.store.engines import create_relay_engine
 
     settings = _settings()
     stop = threading.Event()
@@ -100,8 +100,8 @@ def sweep(
     once: bool = typer.Option(False, "--once", help="One pass, then exit."),
 ) -> None:
     """Re-drive keys whose lease expired or whose message was lost (one sweeper acts at a time)."""
-    from outbox.db import create_sync_engine
-    from outbox.sweeper import run_sweeper, sweep_once
+    from outbox.maintenance.sweeper import run_sweeper, sweep_once
+    from outbox.store.engines import create_sync_engine
 
     settings = _settings()
     engine = create_sync_engine(settings)
@@ -144,7 +144,7 @@ def alive(
 ) -> None:
     """Exit 0 while this container's relay or sweeper turns its loop (HEARTBEAT_FILE is
     recent), 1 otherwise: the liveness check of the processes that serve no HTTP."""
-    from outbox.heartbeat import age_seconds
+    from outbox.core.heartbeat import age_seconds
 
     path = get_settings().heartbeat_file
     if path is None:
@@ -162,7 +162,7 @@ def alive(
 @app.command()
 def migrate() -> None:
     """Apply the database migrations (Alembic upgrade to head)."""
-    from outbox.migrate import upgrade
+    from outbox.store.migrate import upgrade
 
     settings = _settings()
     upgrade(settings.database_url)
@@ -181,8 +181,8 @@ def dev(
     With no DATABASE_URL / REDIS_URL, embedded PostgreSQL and Redis start with their data in
     DATA_DIR (default .idem/).
     """
-    from outbox import embedded
-    from outbox.migrate import upgrade
+    from outbox.store import embedded
+    from outbox.store.migrate import upgrade
 
     os.environ.setdefault("LOG_FORMAT", "console")
     # On a developer's machine the API's schema and its viewers help; production leaves them off.
@@ -280,7 +280,7 @@ def demo() -> None:
     raise typer.Exit(main())
 
 
-# Operators' commands (outbox/opcli.py, outbox/watchcli.py).
+# Operators' commands (outbox/operate/commands.py, outbox/operate/watch.py).
 app.add_typer(dlq_app, name="dlq")
 app.command("replay")(replay_command)
 app.command("stuck")(stuck_command)

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from outbox.console import console_router
-from outbox.routes import load_routes
-from outbox.settings import Settings
+from outbox.core.routes import load_routes
+from outbox.core.settings import Settings
+from outbox.operate.console import console_router
 from tests.support import (
     OPERATOR_TOKEN,
     ROOT,

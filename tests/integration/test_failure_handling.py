@@ -12,10 +12,10 @@ from typing import Any
 
 import redis as redis_client
 
-from outbox import lifecycle
-from outbox.db import create_sync_engine
-from outbox.embedded import start_redis
-from outbox.settings import Settings
+from outbox.core.settings import Settings
+from outbox.store import lifecycle
+from outbox.store.embedded import start_redis
+from outbox.store.engines import create_sync_engine
 from tests.support import (
     ROOT,
     Downstream,

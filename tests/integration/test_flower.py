@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from outbox.embedded import free_port, start_redis, wait_for_port
+from outbox.store.embedded import free_port, start_redis, wait_for_port
 from tests.support import ROOT, Downstream, Stack, envelope, wait_until
 
 AUTH = ("ops", "flower-secret")

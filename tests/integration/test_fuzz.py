@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from outbox.receiver import create_app
-from outbox.routes import load_routes
-from outbox.settings import Settings
+from outbox.app import create_app
+from outbox.core.routes import load_routes
+from outbox.core.settings import Settings
 from tests.support import AUTH, Stack
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from outbox.embedded import free_port
+from outbox.store.embedded import free_port
 from tests.support import AUTH, Downstream, Reply, Stack, envelope, query, wait_until
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from outbox.keys import mask_key
+from outbox.core.keys import mask_key
 from tests.support import ROOT, query, seed_pending_key
 
 Idem = Callable[..., subprocess.CompletedProcess[str]]

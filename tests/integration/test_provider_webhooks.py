@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from outbox.provider_signatures import sign_github, sign_shopify, sign_standard, sign_stripe
+from outbox.ingest.provider_signatures import sign_github, sign_shopify, sign_standard, sign_stripe
 from tests.support import PROVIDER_SECRETS, Downstream, Stack, query, wait_until
 
 Delivery = tuple[bytes, dict[str, str]]

@@ -14,11 +14,11 @@ import redis as redis_client
 from celery import Celery
 from sqlalchemy import Engine, event
 
-from outbox import queries
-from outbox.db import create_relay_engine
-from outbox.publisher import TASK_QUEUE, OutboxMessage, create_publisher, publish
-from outbox.relay import IDLE_FLOOR_SECONDS, publish_due_batch, run_relay
-from outbox.settings import Settings
+from outbox.core.settings import Settings
+from outbox.relay.loop import IDLE_FLOOR_SECONDS, publish_due_batch, run_relay
+from outbox.relay.publisher import TASK_QUEUE, OutboxMessage, create_publisher, publish
+from outbox.store import queries
+from outbox.store.engines import create_relay_engine
 from tests.support import query
 
 CLAIM_SECONDS = 30.0

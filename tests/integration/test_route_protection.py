@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from outbox import embedded
+from outbox.store import embedded
 from tests.support import (
     AUTH,
     Downstream,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox.signatures import sign, sign_v2
+from outbox.ingest.signatures import sign, sign_v2
 from tests.support import WEBHOOK_SECRET, Stack, envelope, query
 
 

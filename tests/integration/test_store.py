@@ -12,8 +12,8 @@ from contextlib import ExitStack
 import pytest
 from sqlalchemy import Engine
 
-from outbox.db import create_sync_engine
-from outbox.settings import Settings
+from outbox.core.settings import Settings
+from outbox.store.engines import create_sync_engine
 from tests.support import query, seed_pending_key
 from worker.lease import Heartbeat
 from worker.store import Claim, KeyStore

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from outbox.access import FailureThrottle, bearer_token, is_loopback
-from outbox.settings import Settings
-from outbox.tokens import TokenError, check_tokens, configured_tokens, short_tokens
+from outbox.core.access import FailureThrottle, bearer_token, is_loopback
+from outbox.core.settings import Settings
+from outbox.core.tokens import TokenError, check_tokens, configured_tokens, short_tokens
 
 
 class Clock:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from outbox.connections import worker_budget
-from outbox.settings import Settings
+from outbox.core.settings import Settings
+from outbox.store.connections import worker_budget
 
 
 def test_threads_share_one_bounded_pool() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime, timedelta
 
-from outbox.console import charts
+from outbox.operate.console import charts
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from outbox.console import session
+from outbox.operate.console import session
 
 
 def test_a_session_verifies_until_it_expires() -> None:

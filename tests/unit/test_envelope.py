@@ -1,4 +1,5 @@
-"""Unit tests for outbox.envelope: validation, and which members make two deliveries one event."""
+"""Unit tests for outbox.ingest.envelope: validation, and which members make two deliveries
+one event."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from outbox.envelope import Envelope
+from outbox.ingest.envelope import Envelope
 
 BASE: dict[str, Any] = {
     "source": "stripe",

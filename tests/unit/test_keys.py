@@ -1,4 +1,4 @@
-"""Unit tests for outbox.keys: one key per business event, no PII in keys or logs."""
+"""Unit tests for outbox.core.keys: one key per business event, no PII in keys or logs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from outbox.keys import (
+from outbox.core.keys import (
     InvalidKey,
     NumberOutOfRange,
     canonical_json,

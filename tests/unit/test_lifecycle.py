@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from outbox import lifecycle, queries
-from outbox.lifecycle import TRANSITIONS, Status
+from outbox.store import lifecycle, queries
+from outbox.store.lifecycle import TRANSITIONS, Status
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Unit tests for outbox.problems: error answers as RFC 9457 problem details."""
+"""Unit tests for outbox.core.problems: error answers as RFC 9457 problem details."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from outbox.problems import PROBLEM_JSON, TITLES, Problem, problem_response
+from outbox.core.problems import PROBLEM_JSON, TITLES, Problem, problem_response
 
 
 def body(problem: Problem) -> dict[str, Any]:

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
-from outbox.problems import Problem
-from outbox.provider_signatures import (
+from outbox.core.problems import Problem
+from outbox.ingest.provider_signatures import (
     GithubSigner,
     ShopifySigner,
     StandardSigner,
@@ -23,7 +23,7 @@ from outbox.provider_signatures import (
     sign_stripe,
     standard_key,
 )
-from outbox.signatures import Signer, Verified
+from outbox.ingest.signatures import Signer, Verified
 
 NOW = 1_800_000_000
 BODY = b'{"id":"evt_1","type":"invoice.paid","data":{"object":{"id":"in_1"}}}'

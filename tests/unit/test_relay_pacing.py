@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from outbox.relay import IDLE_FLOOR_SECONDS, Batch, Pacer, idle_wait
+from outbox.relay.loop import IDLE_FLOOR_SECONDS, Batch, Pacer, idle_wait
 
 PACER = Pacer(rate=2000.0, age_seconds=5.0)
 

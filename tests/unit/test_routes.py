@@ -1,4 +1,5 @@
-"""Unit tests for outbox.routes: the routes file, how event types find a route, and its errors."""
+"""Unit tests for outbox.core.routes: the routes file, how event types find a route, and its
+errors."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox.routes import DAY, DEFAULT_ROUTES, Route, RoutesError, RouteTable, load_routes
+from outbox.core.routes import DAY, DEFAULT_ROUTES, Route, RoutesError, RouteTable, load_routes
 
 THIRTY_DAYS_SECONDS = 30 * 24 * 60 * 60
 

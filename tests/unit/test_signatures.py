@@ -8,8 +8,8 @@ import hmac
 
 import pytest
 
-from outbox.problems import Problem
-from outbox.signatures import HmacSigner, parse_secrets, sign, sign_v2
+from outbox.core.problems import Problem
+from outbox.ingest.signatures import HmacSigner, parse_secrets, sign, sign_v2
 
 SECRET = "whsec_0123456789abcdef"
 NEW_SECRET = "whsec_fedcba9876543210"

@@ -1,4 +1,5 @@
-"""Unit tests for outbox.timewindow: operator filter values parse or are refused, never crash."""
+"""Unit tests for outbox.core.timewindow: operator filter values parse or are refused, never
+crash."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from outbox.timewindow import MAX_DURATION, parse_duration, parse_instant
+from outbox.core.timewindow import MAX_DURATION, parse_duration, parse_instant
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

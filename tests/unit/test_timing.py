@@ -1,13 +1,13 @@
-"""Unit tests for outbox.timing: the lease, the action timeouts and the broker's visibility
+"""Unit tests for outbox.core.timeouts: the lease, the action timeouts and the broker's visibility
 timeout must fit together, and every rule a configuration breaks is named with its values."""
 
 from __future__ import annotations
 
 import pytest
 
-from outbox.routes import DEFAULT_ROUTES, Route, RouteTable
-from outbox.settings import Settings
-from outbox.timing import TimingError, check_timing, timing_problems
+from outbox.core.routes import DEFAULT_ROUTES, Route, RouteTable
+from outbox.core.settings import Settings
+from outbox.core.timeouts import TimingError, check_timing, timing_problems
 
 
 @pytest.fixture(autouse=True)

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from outbox import admission, keys
-from outbox.problems import Problem
-from outbox.routes import Route, RoutesError, RouteTable, Source, load_routes
-from outbox.settings import Settings
-from outbox.signatures import HmacSigner
-from outbox.webhooks import provider_event, read_field
+from outbox.core import keys
+from outbox.core.problems import Problem
+from outbox.core.routes import Route, RoutesError, RouteTable, Source, load_routes
+from outbox.core.settings import Settings
+from outbox.ingest import admission
+from outbox.ingest.signatures import HmacSigner
+from outbox.ingest.webhooks import provider_event, read_field
 
 SECRET = "0123456789abcdef0123"
 STANDARD = "whsec_" + base64.b64encode(b"twenty-four key bytes!!!").decode()
