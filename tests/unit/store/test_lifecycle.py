@@ -9,7 +9,7 @@ from pathlib import Path
 from outbox.store import lifecycle, queries
 from outbox.store.lifecycle import TRANSITIONS, Status
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _check_constraint_statuses() -> set[str]:

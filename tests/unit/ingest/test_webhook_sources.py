@@ -199,7 +199,7 @@ def test_the_example_routes_file_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("BILLING", "STRIPE", "GITHUB", "ACME"):
         monkeypatch.setenv(f"{name}_WEBHOOK_SECRET", STANDARD if name == "ACME" else SECRET)
     monkeypatch.setenv("SHOPIFY_CLIENT_SECRET", SECRET)
-    table = load_routes(Path(__file__).parents[2] / "examples" / "routes.toml")
+    table = load_routes(Path(__file__).parents[3] / "examples" / "routes.toml")
     schemes = {name: source.scheme for name, source in table.sources.items()}
     assert schemes == {
         "billing": "hmac",
