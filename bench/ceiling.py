@@ -20,7 +20,7 @@ import uvicorn
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox.core.settings import get_settings
-from outbox.ingest.intake import PROCESS_TASK
+from outbox.core.wire import PROCESS_TASK
 from outbox.store.engines import create_receiver_engine
 from outbox.store.queries import RESERVE_KEY
 

@@ -26,7 +26,7 @@ from outbox.core.logs import get_logger  # noqa: E402
 from outbox.core.routes import RoutesError  # noqa: E402
 from outbox.core.settings import Settings, get_settings  # noqa: E402
 from outbox.core.timeouts import TimingError  # noqa: E402
-from outbox.relay.publisher import TASK_QUEUE  # noqa: E402
+from outbox.core.wire import TASK_QUEUE  # noqa: E402
 from outbox.store.connections import ConnectionBudgetError, check_budget, worker_budget  # noqa: E402
 from outbox.store.engines import create_sync_engine  # noqa: E402
 from worker.app import create_worker_app  # noqa: E402

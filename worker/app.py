@@ -22,8 +22,7 @@ from outbox.core.logs import configure_logging
 from outbox.core.routes import RouteTable, load_routes
 from outbox.core.settings import Settings
 from outbox.core.timeouts import check_timing
-from outbox.ingest.intake import PROCESS_TASK
-from outbox.relay.publisher import TASK_QUEUE
+from outbox.core.wire import PROCESS_TASK, TASK_QUEUE
 from outbox.store.engines import create_sync_engine
 from worker import metrics
 from worker.attempt import run_attempt

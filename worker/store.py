@@ -24,7 +24,7 @@ from sqlalchemy.exc import DataError, DBAPIError
 
 from outbox.core.logs import get_logger
 from outbox.core.redaction import redact
-from outbox.ingest.intake import PROCESS_TASK
+from outbox.core.wire import PROCESS_TASK
 from outbox.store import lifecycle
 from outbox.store import routes as route_queries
 from worker.results import storable_ref, storable_result, without_nul

@@ -15,10 +15,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from outbox.core.wire import PROCESS_TASK
 from outbox.store import queries
-
-PROCESS_TASK = "idem.process"
-"""The Celery task the relay publishes; the worker registers it under this name."""
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 from outbox.core.heartbeat import Heartbeat
 from outbox.core.logs import get_logger
 from outbox.core.settings import Settings
-from outbox.ingest.intake import PROCESS_TASK
+from outbox.core.wire import PROCESS_TASK
 from outbox.maintenance.purge import purge
 from outbox.store import queries
 

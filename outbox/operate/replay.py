@@ -29,7 +29,7 @@ from outbox.core import keys
 from outbox.core.routes import RouteTable
 from outbox.core.settings import Settings
 from outbox.core.timewindow import glob_to_like, parse_instant
-from outbox.ingest.intake import PROCESS_TASK
+from outbox.core.wire import PROCESS_TASK
 from outbox.store import lifecycle
 from outbox.store import operate as q
 

@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 
 from outbox.core.routes import Route, RouteTable
 from outbox.core.timewindow import iso
-from outbox.ingest.intake import PROCESS_TASK
+from outbox.core.wire import PROCESS_TASK
 from outbox.store import routes as q
 
 

@@ -9,9 +9,7 @@ from celery import Celery
 
 from outbox.core.keys import mask_key
 from outbox.core.settings import Settings
-
-TASK_QUEUE = "idem"
-"""The one queue workers consume; the relay and the worker both name it."""
+from outbox.core.wire import TASK_QUEUE
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ from celery import Celery
 from sqlalchemy import Engine, event
 
 from outbox.core.settings import Settings
+from outbox.core.wire import TASK_QUEUE
 from outbox.relay.loop import IDLE_FLOOR_SECONDS, publish_due_batch, run_relay
-from outbox.relay.publisher import TASK_QUEUE, OutboxMessage, create_publisher, publish
+from outbox.relay.publisher import OutboxMessage, create_publisher, publish
 from outbox.store import queries
 from outbox.store.engines import create_relay_engine
 from tests.support import query
