@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from outbox.core.settings import get_settings
 from outbox.core.wire import PROCESS_TASK
 from outbox.store.engines import create_receiver_engine
-from outbox.store.queries import RESERVE_KEY
+from outbox.store.ingest import RESERVE_KEY
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox.core.wire import PROCESS_TASK
-from outbox.store import queries
+from outbox.store import ingest as sql
 
 
 @dataclass(frozen=True)
@@ -88,9 +88,9 @@ async def accept(engine: AsyncEngine, event: NewEvent) -> Outcome:
         "execution_id": event.execution_id,
         "task_name": PROCESS_TASK,
     }
-    reserve = queries.RESERVE_KEY
+    reserve = sql.RESERVE_KEY
     if event.contract_violations:
-        reserve = queries.RESERVE_KEY_QUARANTINED
+        reserve = sql.RESERVE_KEY_QUARANTINED
         params["error_detail"] = "; ".join(event.contract_violations)[:2048]
     # Two rounds cover the only race: the key purged between RESERVE_KEY and KEY_EXISTS.
     for _ in range(2):
@@ -108,7 +108,7 @@ async def accept(engine: AsyncEngine, event: NewEvent) -> Outcome:
                     error_code=row["error_code"],
                     attempts=row["attempts"],
                 )
-            exists = (await conn.execute(queries.KEY_EXISTS, {"key": event.key})).first()
+            exists = (await conn.execute(sql.KEY_EXISTS, {"key": event.key})).first()
             if exists is not None:
                 return PayloadConflict(event.key)
     raise RuntimeError("key vanished twice while being accepted")
@@ -117,5 +117,5 @@ async def accept(engine: AsyncEngine, event: NewEvent) -> Outcome:
 async def get_key(engine: AsyncEngine, key: str) -> dict[str, Any] | None:
     """The public view of one key, or None."""
     async with engine.connect() as conn:
-        row = (await conn.execute(queries.GET_KEY, {"key": key})).mappings().first()
+        row = (await conn.execute(sql.GET_KEY, {"key": key})).mappings().first()
     return None if row is None else dict(row)

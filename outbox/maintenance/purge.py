@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
-from outbox.store import operate as q
+from outbox.store import maintenance as q
 
 # Published outbox rows are kept a week: enough to answer "was it sent, and when?"
 OUTBOX_RETENTION_SECONDS = 7 * 86_400

@@ -25,7 +25,7 @@ from outbox.core.logs import get_logger
 from outbox.core.settings import Settings
 from outbox.core.wire import PROCESS_TASK
 from outbox.maintenance.purge import purge
-from outbox.store import queries
+from outbox.store import maintenance as sql
 
 log = get_logger(__name__)
 
@@ -49,10 +49,10 @@ def sweep_once(engine: Engine, settings: Settings) -> SweepReport | None:
         "task_name": PROCESS_TASK,
     }
     with engine.begin() as conn:
-        if not conn.execute(queries.TRY_SWEEPER_LOCK, {"lock_id": SWEEPER_LOCK_ID}).scalar():
+        if not conn.execute(sql.TRY_SWEEPER_LOCK, {"lock_id": SWEEPER_LOCK_ID}).scalar():
             return None
-        reclaimed = conn.execute(queries.REDRIVE_EXPIRED_LEASES, params).all()
-        redriven = conn.execute(queries.REDRIVE_STALLED_KEYS, params).all()
+        reclaimed = conn.execute(sql.REDRIVE_EXPIRED_LEASES, params).all()
+        redriven = conn.execute(sql.REDRIVE_STALLED_KEYS, params).all()
     # One bounded batch of TTL purging per pass, outside the lock's transaction: it never
     # touches a processing key or one with an open dead letter.
     purged = purge(

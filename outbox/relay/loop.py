@@ -35,7 +35,7 @@ from outbox.core.heartbeat import Heartbeat
 from outbox.core.logs import get_logger
 from outbox.core.settings import Settings
 from outbox.relay.publisher import OutboxMessage, publish
-from outbox.store import queries
+from outbox.store import relay as sql
 from outbox.store.engines import RELAY
 
 log = get_logger(__name__)
@@ -70,7 +70,7 @@ def publish_due_batch(
     """Take, publish and mark one batch of due rows; no transaction is open during the send."""
     with engine.begin() as conn:
         rows = conn.execute(
-            queries.CLAIM_DUE_OUTBOX, {"limit": limit, "lease_seconds": claim_seconds}
+            sql.CLAIM_DUE_OUTBOX, {"limit": limit, "lease_seconds": claim_seconds}
         ).all()
     if not rows:
         return NOTHING
@@ -85,16 +85,16 @@ def publish_due_batch(
         unsent = sorted({m.outbox_id for m in messages} - set(sent))
         with engine.begin() as conn:
             if sent:
-                conn.execute(queries.MARK_PUBLISHED, {"ids": sent})
+                conn.execute(sql.MARK_PUBLISHED, {"ids": sent})
             if unsent:
-                conn.execute(queries.RELEASE_OUTBOX_CLAIM, {"ids": unsent})
+                conn.execute(sql.RELEASE_OUTBOX_CLAIM, {"ids": unsent})
     return Batch(len(rows), len(sent), max(float(r.waited_seconds) for r in rows))
 
 
 def seconds_until_next_due(engine: Engine) -> float | None:
     """Seconds until the earliest row nobody holds is due (negative: overdue); None if none."""
     with engine.connect() as conn:
-        value = conn.execute(queries.SECONDS_UNTIL_NEXT_DUE).scalar()
+        value = conn.execute(sql.SECONDS_UNTIL_NEXT_DUE).scalar()
     return None if value is None else float(value)
 
 

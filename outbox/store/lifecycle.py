@@ -2,7 +2,7 @@
 
 Every statement that changes a key's status after it was created is here, and the worker, the
 claims API, the sweeper and replays call these (the receiver's accept statements, which create
-keys, are in `outbox.store.queries`). A reader can check `TRANSITIONS` against the CHECK
+keys, are in `outbox.store.ingest`). A reader can check `TRANSITIONS` against the CHECK
 constraint of `idempotency_keys.status` and against the table in docs/architecture.md; a test
 does both.
 
@@ -56,9 +56,9 @@ class Transition:
 
 _S = Status
 TRANSITIONS: tuple[Transition, ...] = (
-    Transition("accept", (None,), _S.PENDING, "receiver", "queries.RESERVE_KEY"),
+    Transition("accept", (None,), _S.PENDING, "receiver", "ingest.RESERVE_KEY"),
     Transition(
-        "accept quarantined", (None,), _S.QUARANTINED, "receiver", "queries.RESERVE_KEY_QUARANTINED"
+        "accept quarantined", (None,), _S.QUARANTINED, "receiver", "ingest.RESERVE_KEY_QUARANTINED"
     ),
     Transition("first claim", (None,), _S.PROCESSING, "workflow", "CLAIM_NEW_KEY"),
     Transition(

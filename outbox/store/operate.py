@@ -1,4 +1,4 @@
-"""The operators' statements: listing and resolving dead letters, replays, stats, purges.
+"""The operators' statements: listing and resolving dead letters, replays, stats.
 
 Optional filters are written `(:x IS NULL OR column = :x)` so each statement stays one readable
 piece of SQL with named binds. Globs arrive already turned into LIKE patterns.
@@ -196,71 +196,5 @@ STUCK_KEYS: TextClause = text(
                AND updated_at < now() - make_interval(secs => :older_than_seconds)) unfinished
      ORDER BY updated_at
      LIMIT :limit
-    """
-)
-
-COUNT_PURGEABLE: TextClause = text(
-    """
-    SELECT count(*) FROM idempotency_keys k
-     WHERE k.expires_at < now()
-           AND (k.status IN ('succeeded', 'failed_final', 'quarantined')
-                OR (k.actor = 'workflow'
-                    AND (k.status <> 'processing' OR k.locked_until < now())))
-       AND NOT EXISTS (SELECT 1 FROM dead_letters d
-                        WHERE d.idempotency_key = k.idempotency_key AND d.resolution = 'open')
-    """
-)
-
-PURGE_EXPIRED_KEYS: TextClause = text(
-    """
-    -- Expired keys go with their event, outbox rows and resolved dead letters (cascade), a
-    -- bounded batch at a time: finished keys, and workflow keys nobody holds (their workflow
-    -- gave up). Never a worker key still on its way (the sweeper drives it to an end first),
-    -- never a held lease, never a key with an open dead letter.
-    WITH doomed AS (
-        SELECT k.idempotency_key FROM idempotency_keys k
-         WHERE k.expires_at < now()
-           AND (k.status IN ('succeeded', 'failed_final', 'quarantined')
-                OR (k.actor = 'workflow'
-                    AND (k.status <> 'processing' OR k.locked_until < now())))
-           AND NOT EXISTS (SELECT 1 FROM dead_letters d
-                            WHERE d.idempotency_key = k.idempotency_key
-                              AND d.resolution = 'open')
-         LIMIT :limit
-           FOR UPDATE SKIP LOCKED
-    )
-    DELETE FROM idempotency_keys k USING doomed
-     WHERE k.idempotency_key = doomed.idempotency_key
-    RETURNING k.idempotency_key
-    """
-)
-
-COUNT_PRUNABLE_OUTBOX: TextClause = text(
-    """
-    -- Rows of keys the purge removes anyway go with them (cascade) and are not counted here.
-    SELECT count(*) FROM outbox o
-     WHERE o.published_at < now() - make_interval(secs => :retention_seconds)
-       AND NOT EXISTS (
-           SELECT 1 FROM idempotency_keys k
-            WHERE k.idempotency_key = o.idempotency_key
-              AND k.expires_at < now()
-              AND (k.status IN ('succeeded', 'failed_final', 'quarantined')
-                   OR (k.actor = 'workflow'
-                       AND (k.status <> 'processing' OR k.locked_until < now())))
-              AND NOT EXISTS (SELECT 1 FROM dead_letters d
-                               WHERE d.idempotency_key = k.idempotency_key
-                                 AND d.resolution = 'open'))
-    """
-)
-
-PRUNE_PUBLISHED_OUTBOX: TextClause = text(
-    """
-    -- Published rows are history once past the retention; a bounded batch at a time.
-    DELETE FROM outbox WHERE id IN (
-        SELECT id FROM outbox
-         WHERE published_at < now() - make_interval(secs => :retention_seconds)
-         LIMIT :limit
-    )
-    RETURNING id
     """
 )

@@ -19,7 +19,7 @@ from outbox.operate import stats
 from outbox.operate.console import charts
 from outbox.operate.replay import ReplayRequest, plan
 from outbox.relay import loop as relay
-from outbox.store import queries
+from outbox.store import relay as queries
 from outbox.store.engines import create_sync_engine
 from tests.support import libpq
 

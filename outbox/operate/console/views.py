@@ -47,7 +47,7 @@ from outbox.operate.console.pages import (
 from outbox.operate.console.replays import OPERATOR, add_replay_routes
 from outbox.operate.console.session import Session
 from outbox.store import operate as oq
-from outbox.store import queries
+from outbox.store.ingest import GET_KEY
 
 log = get_logger(__name__)
 
@@ -71,7 +71,7 @@ def target(routes: RouteTable, label: str) -> dict[str, str]:
 def lookup_key(engine: Engine, key: str) -> dict[str, Any] | None:
     """One key's public view and its dead-letter history (read-only)."""
     with engine.connect() as conn:
-        row = conn.execute(queries.GET_KEY, {"key": key}).mappings().first()
+        row = conn.execute(GET_KEY, {"key": key}).mappings().first()
         if row is None:
             return None
         history = conn.execute(oq.DEAD_LETTER_HISTORY, {"key": key}).mappings().all()

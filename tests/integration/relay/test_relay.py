@@ -18,7 +18,7 @@ from outbox.core.settings import Settings
 from outbox.core.wire import TASK_QUEUE
 from outbox.relay.loop import IDLE_FLOOR_SECONDS, publish_due_batch, run_relay
 from outbox.relay.publisher import OutboxMessage, create_publisher, publish
-from outbox.store import queries
+from outbox.store import relay as queries
 from outbox.store.engines import create_relay_engine
 from tests.support import query
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from outbox.store import lifecycle, queries
+from outbox.store import ingest, lifecycle, maintenance
 from outbox.store.lifecycle import TRANSITIONS, Status
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -28,7 +28,7 @@ def test_every_state_is_reached_and_every_transition_names_its_statement() -> No
     assert {t.target for t in TRANSITIONS} == set(Status)
     for transition in TRANSITIONS:
         module, _, name = transition.statement.rpartition(".")
-        owner = queries if module == "queries" else lifecycle
+        owner = ingest if module == "ingest" else lifecycle
         assert hasattr(owner, name), transition
 
 
@@ -60,6 +60,6 @@ def test_every_claim_and_redrive_names_the_actor() -> None:
     """The claim, the sweeper's re-drives and the replay's queueing filter on the actor."""
     assert "k.actor = :actor" in lifecycle.CLAIM_KEY.text
     assert "actor = 'worker'" in lifecycle.ENQUEUE_REPLAYED.text
-    for statement in (queries.REDRIVE_EXPIRED_LEASES, queries.REDRIVE_STALLED_KEYS):
+    for statement in (maintenance.REDRIVE_EXPIRED_LEASES, maintenance.REDRIVE_STALLED_KEYS):
         assert "k.actor = 'worker'" in statement.text
-    assert queries.RESERVE_KEY.text.count("actor = 'worker'") == 1
+    assert ingest.RESERVE_KEY.text.count("actor = 'worker'") == 1
