@@ -7,6 +7,8 @@ event no route accepts is refused before anything is stored); the worker runs it
 
 from __future__ import annotations
 
+import base64
+import binascii
 import fnmatch
 import os
 import re
@@ -24,7 +26,6 @@ from pydantic import (
 )
 
 from outbox.core.keys import normalize_text
-from outbox.ingest.provider_signatures import standard_key
 
 DAY = 86_400
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -32,6 +33,20 @@ _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 def _is_glob(pattern: str) -> bool:
     return any(ch in pattern for ch in "*?[")
+
+
+STANDARD_PREFIX = "whsec_"
+"""A Standard Webhooks secret's prefix; the source checks its secrets decode at load."""
+
+
+def standard_key(secret: str) -> bytes:
+    """The key bytes of a Standard Webhooks secret (`whsec_` + base64; the prefix optional).
+
+    Raises ValueError when the rest is not base64, so a mistyped secret fails at start-up."""
+    try:
+        return base64.b64decode(secret.removeprefix(STANDARD_PREFIX), validate=True)
+    except binascii.Error as error:
+        raise ValueError("a `standard` secret is whsec_ followed by base64") from error
 
 
 class RoutesError(Exception):

@@ -19,11 +19,11 @@ no timestamp bounds a replay (README, "Provider webhooks").
 from __future__ import annotations
 
 import base64
-import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from outbox.core.problems import Problem
+from outbox.core.routes import standard_key
 from outbox.ingest.signatures import (
     Verified,
     any_equal,
@@ -32,18 +32,6 @@ from outbox.ingest.signatures import (
     missing,
     unauthorized,
 )
-
-STANDARD_PREFIX = "whsec_"
-
-
-def standard_key(secret: str) -> bytes:
-    """The key bytes of a Standard Webhooks secret (`whsec_` + base64; the prefix optional).
-
-    Raises ValueError when the rest is not base64, so a mistyped secret fails at start-up."""
-    try:
-        return base64.b64decode(secret.removeprefix(STANDARD_PREFIX), validate=True)
-    except binascii.Error as error:
-        raise ValueError("a `standard` secret is whsec_ followed by base64") from error
 
 
 class ProviderSigner:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from outbox.core.problems import Problem
+from outbox.core.routes import standard_key
 from outbox.ingest.provider_signatures import (
     GithubSigner,
     ShopifySigner,
@@ -21,7 +22,6 @@ from outbox.ingest.provider_signatures import (
     sign_shopify,
     sign_standard,
     sign_stripe,
-    standard_key,
 )
 from outbox.ingest.signatures import Signer, Verified
 
