@@ -1,13 +1,15 @@
-"""The HTTP API: accept events durably, answer repeats with the first answer.
+"""The gateway's HTTP app: each context's endpoints composed into one receiver.
 
-Nothing is published from a request: a 2xx means the key, the event and its outbox row are
-committed together, and the relay takes it from there.
+The events and the providers' webhooks (`outbox.ingest`), the claims API (`outbox.claims`), the
+operator API and console (`outbox.operate`) bring their routers; this module adds what every
+endpoint shares: the body limit, the error answers (RFC 9457, an outage is a 503 with
+Retry-After), health (`/healthz`, `/readyz`) and `/metrics`. No context imports another; they
+meet here and in `outbox.cli`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,36 +18,30 @@ from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import Engine
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from outbox.claims.api import claims_router
-from outbox.core import contract, keys
 from outbox.core.access import FailureThrottle, require_token_or_loopback
-from outbox.core.jsonbody import parse_json
 from outbox.core.limits import BodyTooLarge, RequestLimits, too_large
 from outbox.core.logs import get_logger
-from outbox.core.problems import Problem, json_response, problem_response, problem_responses
+from outbox.core.problems import Problem, field_errors, json_response, problem_response
 from outbox.core.routes import RouteTable, load_routes
 from outbox.core.settings import Settings, get_settings
-from outbox.core.timewindow import iso
-from outbox.ingest import admission, intake
-from outbox.ingest.answers import respond
-from outbox.ingest.envelope import Envelope
-from outbox.ingest.fastpath import EVENTS_PATH, Receiver, read_body
+from outbox.ingest import admission
+from outbox.ingest.events import event_ingest, events_router
+from outbox.ingest.fastpath import Receiver
+from outbox.ingest.metrics import EventCounters
 from outbox.ingest.webhooks import webhook_ingest, webhooks_router
 from outbox.operate.api import operator_router
 from outbox.operate.console import console_router
-from outbox.operate.metrics import ReceiverMetrics
+from outbox.operate.metrics import DatabaseCollector
 from outbox.store.engines import RECEIVER, create_receiver_engine, create_sync_engine
 from outbox.store.readiness import readiness
 
 log = get_logger(__name__)
-
-ENVELOPE_SCHEMA = Envelope.model_json_schema()
 
 
 def create_app(settings: Settings | None = None, routes: RouteTable | None = None) -> Receiver:
@@ -58,7 +54,10 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         engine: Engine = state["sync_engine"]
         return engine
 
-    metrics = ReceiverMetrics(sync_engine, routes)
+    # One registry for /metrics: the receiver's counters and the database's state at scrape.
+    registry = CollectorRegistry()
+    metrics = EventCounters(registry)
+    registry.register(DatabaseCollector(sync_engine, routes))
     known_sources = admission.sources(settings, routes)
     signers = admission.signers(settings, known_sources)
     # One count of failed credentials for every endpoint that takes one (outbox/core/access.py).
@@ -125,7 +124,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(_: Request, error: RequestValidationError) -> JSONResponse:
         return problem_response(
-            Problem(422, "invalid_request", "The request is malformed.", errors=_fields(error))
+            Problem(422, "invalid_request", "The request is malformed.", errors=field_errors(error))
         )
 
     async def database(operation: Any) -> Any:
@@ -143,111 +142,11 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
             log.warning("database.unavailable", error=type(error).__name__)
             raise _unavailable(settings) from error
 
-    @app.post(
-        EVENTS_PATH,
-        status_code=202,
-        responses={
-            200: json_response("A repeat of a finished event: the first answer"),
-            202: json_response("Accepted (new), or a repeat of an event still in flight"),
-            **problem_responses(400, 401, 403, 413, 422, 503),
-        },
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": ENVELOPE_SCHEMA}},
-            },
-            "parameters": [
-                {
-                    "name": "Idempotency-Key",
-                    "in": "header",
-                    "required": False,
-                    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
-                }
-            ],
-        },
-    )
-    async def post_event(request: Request) -> JSONResponse:
-        """Store an event once; repeats get the first answer (`Idempotent-Replayed: true`)."""
-        body = await read_body(request, settings.max_body_bytes)
-        envelope = _parse_envelope(body)
-        header_key = request.headers.get("idempotency-key")
-        signer = signers.get(envelope.normalized_source)
-        if signer is not None:
-            verified = signer.verify(request.headers, body, idempotency_key=header_key)
-            if header_key is not None and not verified.covers_key:
-                raise Problem(
-                    400,
-                    "unsigned_idempotency_key",
-                    "The signature does not cover the Idempotency-Key header: sign with v2 "
-                    "(<timestamp>.<idempotency-key>.<body>) or send no key. Nothing was stored.",
-                )
-        elif settings.require_signed_webhooks:
-            raise Problem(
-                401,
-                "unknown_source",
-                "This source has no signing secret and unsigned events are refused. "
-                "Nothing was stored.",
-            )
-        event_type = envelope.normalized_event_type
-        route = admission.route_for(routes, envelope.normalized_source, event_type)
-        if header_key is not None:
-            try:
-                key = keys.validate_client_key(header_key)
-            except keys.InvalidKey as error:
-                raise Problem(400, "invalid_idempotency_key", str(error)) from error
-        else:
-            key = envelope.derived_key(fold_external_id_case=route.fold_external_id_case)
-        event = intake.NewEvent(
-            key=key,
-            payload_hash=envelope.payload_hash(fold_external_id_case=route.fold_external_id_case),
-            correlation_id=envelope.correlation_id or uuid.uuid4().hex,
-            source=envelope.normalized_source,
-            event_type=event_type,
-            external_id=str(envelope.external_id),
-            version=None if envelope.version is None else str(envelope.version),
-            payload_json=envelope.payload_json,
-            route=route.label,
-            ttl_seconds=route.ttl_seconds,
-            workflow_name=envelope.workflow,
-            execution_id=None if envelope.execution_id is None else str(envelope.execution_id),
-            contract_violations=tuple(contract.violations(route, envelope.payload)),
-        )
-        outcome = await database(intake.accept(state["engine"], event))
-        return respond(outcome, event, metrics)
-
+    post_event = event_ingest(settings, routes, signers, lambda: state["engine"], database, metrics)
     app.ingest = post_event
-
-    @app.get("/v1/events/{key:path}", responses=problem_responses(401, 403, 404, 422, 429, 503))
-    async def get_event(key: str, request: Request) -> JSONResponse:
-        """The state of one key: status, attempts, result, external_ref, error_code, times.
-
-        The stored result is the downstream's answer: only holders of the claims or operator
-        token (or, with neither configured, clients on this machine) may read it.
-        """
-        tokens = (settings.claims_token, settings.operator_token)
-        require_token_or_loopback(request, tokens, throttle, "claims")
-        row = await database(intake.get_key(state["engine"], key))
-        if row is None:
-            raise Problem(404, "key_not_found", "No event is stored under this key.")
-        return JSONResponse(
-            {
-                "key": row["idempotency_key"],
-                "status": row["status"],
-                "attempts": row["attempts"],
-                "result": row["result"],
-                "external_ref": row["external_ref"],
-                "error_code": row["error_code"],
-                "uncertain": row["uncertain"],
-                "correlation_id": row["correlation_id"],
-                "source": row["source"],
-                "event_type": row["event_type"],
-                "duplicate_count": row["duplicate_count"],
-                "created_at": iso(row["created_at"]),
-                "updated_at": iso(row["updated_at"]),
-                "next_attempt_at": iso(row["next_attempt_at"]),
-                "expires_at": iso(row["expires_at"]),
-            }
-        )
+    app.include_router(
+        events_router(post_event, settings, lambda: state["engine"], database, throttle)
+    )
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -267,7 +166,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         """Prometheus text format: with METRICS_TOKEN set, for its bearer only; unset, for
         loopback clients only (a scrape counts keys, and the counts are not public)."""
         require_token_or_loopback(request, settings.metrics_token, throttle, "metrics")
-        body = await run_in_threadpool(generate_latest, metrics.registry)
+        body = await run_in_threadpool(generate_latest, registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(operator_router(settings, routes, sync_engine, throttle))
@@ -288,33 +187,3 @@ def _unavailable(settings: Settings) -> Problem:
         "The database is unreachable; nothing was stored or changed. Retry later.",
         headers={"Retry-After": str(settings.unavailable_retry_after)},
     )
-
-
-def _parse_envelope(body: bytes) -> Envelope:
-    try:
-        document = parse_json(body)
-    except keys.NumberOutOfRange as error:
-        raise Problem(
-            422,
-            "invalid_envelope",
-            "The event envelope is malformed.",
-            errors=[{"field": "(body)", "message": str(error), "type": "number_out_of_range"}],
-        ) from error
-    try:
-        return Envelope.model_validate(document)
-    except ValidationError as error:
-        raise Problem(
-            422, "invalid_envelope", "The event envelope is malformed.", errors=_fields(error)
-        ) from error
-
-
-def _fields(error: ValidationError | RequestValidationError) -> list[dict[str, str]]:
-    """Field-level detail without echoing the caller's values (they may hold personal data)."""
-    return [
-        {
-            "field": ".".join(str(part) for part in err["loc"]) or "(body)",
-            "message": err["msg"],
-            "type": err["type"],
-        }
-        for err in error.errors()
-    ]

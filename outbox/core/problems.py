@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -116,3 +118,15 @@ def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 def json_response(description: str) -> dict[str, Any]:
     """An OpenAPI `responses` entry for a plain JSON answer."""
     return {"description": description, "content": {"application/json": {"schema": {}}}}
+
+
+def field_errors(error: ValidationError | RequestValidationError) -> list[dict[str, str]]:
+    """Field-level detail without echoing the caller's values (they may hold personal data)."""
+    return [
+        {
+            "field": ".".join(str(part) for part in err["loc"]) or "(body)",
+            "message": err["msg"],
+            "type": err["type"],
+        }
+        for err in error.errors()
+    ]

@@ -12,7 +12,7 @@ from outbox.core import keys
 from outbox.core.logs import get_logger
 from outbox.core.problems import Problem
 from outbox.ingest import intake
-from outbox.operate.metrics import ReceiverMetrics
+from outbox.ingest.metrics import EventCounters
 
 log = get_logger(__name__)
 
@@ -22,7 +22,7 @@ TERMINAL_STATUSES = frozenset({"succeeded", "failed_final", "quarantined"})
 def respond(
     outcome: intake.Outcome,
     event: intake.NewEvent,
-    metrics: ReceiverMetrics,
+    metrics: EventCounters,
     *,
     repeat_status: int | None = None,
 ) -> JSONResponse:

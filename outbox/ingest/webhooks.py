@@ -32,8 +32,8 @@ from outbox.core.settings import Settings
 from outbox.ingest import admission, intake
 from outbox.ingest.answers import respond
 from outbox.ingest.fastpath import read_body
+from outbox.ingest.metrics import EventCounters
 from outbox.ingest.signatures import Signer
-from outbox.operate.metrics import ReceiverMetrics
 
 WEBHOOKS_PATH = "/v1/webhooks/{source}"
 # The same bounds as the envelope's members: ids up to 1000 characters, types up to 200.
@@ -116,7 +116,7 @@ def webhook_ingest(
     signers: dict[str, Signer],
     engine: Callable[[], AsyncEngine],
     database: Callable[[Any], Any],
-    metrics: ReceiverMetrics,
+    metrics: EventCounters,
 ) -> WebhookHandler:
     """The provider endpoint's handler; `database(awaitable)` maps an outage to a 503. The
     receiver's app calls it ahead of the framework (outbox/ingest/fastpath.py)."""

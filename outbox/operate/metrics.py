@@ -1,20 +1,20 @@
-"""Prometheus metrics for the receiver's /metrics.
+"""The database's state as Prometheus metrics, read on each scrape of the gateway's /metrics.
 
 State (keys by status, backlog, lag, dead letters, duplicates, reclaimed leases) is read from
 the database at scrape time, so every replica reports the same truth and nothing is lost when a
 process restarts. No scrape reads every key (see `stats.collect`): on a large table the
 succeeded count is an estimate, and `idem_keys_estimated` says so.
 
-What only the receiver sees (accepted events, payload conflicts) is counted in
-the process. Workers serve their own counters (attempt outcomes, action latency) from Celery's
-prefork children through prometheus-client's multiprocess mode.
+What only the receiver sees (accepted events, payload conflicts) is counted in the process
+(`outbox.ingest.metrics`); the app (`outbox.app`) serves both from one registry. Workers serve
+their own counters (attempt outcomes, action latency) from Celery's prefork children through
+prometheus-client's multiprocess mode.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine
@@ -121,29 +121,3 @@ def route_metrics(engine: Engine, routes: RouteTable) -> Iterable[Metric]:
         in_flight.add_metric([item["name"]], item["in_flight"])
     yield state
     yield in_flight
-
-
-class ReceiverMetrics:
-    """The receiver's registry: its own counters plus the database's state."""
-
-    def __init__(self, engine: Callable[[], Engine], routes: RouteTable) -> None:
-        self.registry = CollectorRegistry()
-        self.accepted = Counter(
-            "idem_events_accepted", "New events stored.", ["event_type"], registry=self.registry
-        )
-        self.duplicates = Counter(
-            "idem_events_duplicate",
-            "Repeats answered with the first answer.",
-            registry=self.registry,
-        )
-        self.conflicts = Counter(
-            "idem_payload_conflicts",
-            "Keys reused with another payload (refused).",
-            registry=self.registry,
-        )
-        self.quarantined = Counter(
-            "idem_events_quarantined",
-            "Events accepted but quarantined by their contract.",
-            registry=self.registry,
-        )
-        self.registry.register(DatabaseCollector(engine, routes))
