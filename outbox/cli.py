@@ -1,4 +1,9 @@
-"""`idem`: run the gateway's processes, or all of them at once with `idem dev`."""
+"""`idem`: run the gateway's processes, or all of them at once with `idem dev`.
+
+The entry point: the process commands are here, each context's terminal commands are
+registered from its own module (`outbox.operate.commands`, `outbox.operate.watch`,
+`outbox.maintenance.commands`), and their shared conventions are in `outbox.terminal`.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +17,12 @@ from typing import Any
 
 import typer
 
-from outbox.core.logs import configure_logging, get_logger
-from outbox.core.routes import RoutesError, load_routes
-from outbox.core.settings import Settings, get_settings
-from outbox.core.timeouts import TimingError, check_timing
-from outbox.core.tokens import TokenError, check_tokens, configured_tokens
-from outbox.operate.commands import dlq_app, purge_command, replay_command
+from outbox.core.logs import get_logger
+from outbox.core.settings import get_settings
+from outbox.maintenance.commands import purge_command
+from outbox.operate.commands import dlq_app, replay_command
 from outbox.operate.watch import routes_app, stats_command, stuck_command
+from outbox.terminal import fail, load_settings
 
 app = typer.Typer(
     help="Exactly-once side effects for automation workflows.",
@@ -26,26 +30,6 @@ app = typer.Typer(
     add_completion=False,
 )
 log = get_logger("idem")
-
-
-def _settings(*, need_servers: bool = True) -> Settings:
-    settings = get_settings()
-    configure_logging(settings.log_format, settings.log_level)
-    if need_servers and not settings.database_url:
-        _fail("DATABASE_URL is not set (or use `idem dev`, which starts embedded servers)")
-    if need_servers and not settings.redis_url:
-        _fail("REDIS_URL is not set (or use `idem dev`, which starts embedded servers)")
-    try:
-        check_tokens(configured_tokens(settings))
-        check_timing(settings, load_routes(settings.routes_file))
-    except (RoutesError, TimingError, TokenError) as error:
-        _fail(str(error))
-    return settings
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"idem: {message}", err=True)
-    raise typer.Exit(2)
 
 
 def _stop_on_signals(stop: threading.Event) -> None:
@@ -65,7 +49,7 @@ def serve(
     """Run the HTTP receiver."""
     import uvicorn
 
-    settings = _settings()
+    settings = load_settings()
     uvicorn.run(
         "outbox.app:create_app",
         factory=True,
@@ -85,7 +69,7 @@ def relay() -> None:
     from outbox.relay.publisher import create_publisher
     from outbox.store.engines import create_relay_engine
 
-    settings = _settings()
+    settings = load_settings()
     stop = threading.Event()
     _stop_on_signals(stop)
     engine = create_relay_engine(settings)
@@ -103,7 +87,7 @@ def sweep(
     from outbox.maintenance.sweeper import run_sweeper, sweep_once
     from outbox.store.engines import create_sync_engine
 
-    settings = _settings()
+    settings = load_settings()
     engine = create_sync_engine(settings)
     try:
         if once:
@@ -129,7 +113,7 @@ def worker(
     pool: str = typer.Option(None, help="threads (default) or prefork (WORKER_POOL)."),
 ) -> None:
     """Run the Celery worker that claims keys and runs actions."""
-    _settings()
+    load_settings()
     args = [sys.executable, "-m", "worker"]
     if concurrency:
         args += ["--concurrency", str(concurrency)]
@@ -148,8 +132,7 @@ def alive(
 
     path = get_settings().heartbeat_file
     if path is None:
-        _fail("HEARTBEAT_FILE is not set")
-        return
+        fail("HEARTBEAT_FILE is not set")
     age = age_seconds(path)
     if age is None or age > max_age:
         typer.echo(
@@ -164,7 +147,7 @@ def migrate() -> None:
     """Apply the database migrations (Alembic upgrade to head)."""
     from outbox.store.migrate import upgrade
 
-    settings = _settings()
+    settings = load_settings()
     upgrade(settings.database_url)
     log.info("migrations.applied")
 
@@ -188,7 +171,7 @@ def dev(
     # On a developer's machine the API's schema and its viewers help; production leaves them off.
     os.environ.setdefault("API_DOCS", "true")
     get_settings.cache_clear()
-    settings = _settings(need_servers=False)
+    settings = load_settings(need_servers=False)
     env = dict(os.environ)
     servers: list[Any] = []
     redis_process: subprocess.Popen[bytes] | None = None
@@ -204,7 +187,7 @@ def dev(
     except RuntimeError as error:
         for server in servers:
             server.cleanup()
-        _fail(str(error))
+        fail(str(error))
     upgrade(env.get("DATABASE_URL") or settings.database_url)
     commands = {
         "receiver": [sys.executable, "-m", "outbox.cli", "serve"],
@@ -276,11 +259,11 @@ def demo() -> None:
     except ModuleNotFoundError as error:
         if error.name not in ("examples", "examples.demo", "examples.fake_crm"):
             raise
-        _fail("idem demo runs from the project's folder (it uses examples/)")
+        fail("idem demo runs from the project's folder (it uses examples/)")
     raise typer.Exit(main())
 
 
-# Operators' commands (outbox/operate/commands.py, outbox/operate/watch.py).
+# The contexts' commands: operators' (outbox/operate/), the purge (outbox/maintenance/).
 app.add_typer(dlq_app, name="dlq")
 app.command("replay")(replay_command)
 app.command("stuck")(stuck_command)

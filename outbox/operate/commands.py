@@ -1,48 +1,36 @@
-"""Operators' terminal commands: dead letters, replays and purges (stats, stuck keys and
-routes are in `outbox.operate.watch`).
+"""Operators' terminal commands: dead letters and replays (stats, stuck keys and routes are in
+`outbox.operate.watch`, the purge in `outbox.maintenance.commands`).
 
-Each command calls one synchronous store (`deadletters`, `replay`, `stats`, `purge` own the SQL
-and the transactions) and prints rich tables, or with `--json` one JSON document on stdout.
+Each command calls one synchronous store (`deadletters`, `replay`, `stats` own the SQL and the
+transactions) and prints rich tables, or with `--json` one JSON document on stdout.
 Exit codes: 0 done; 1 an answer a script acts on (stuck keys found, a replay whose set changed
 since its dry run); 2 refused (`idem: message` on stderr; click's usage errors are 2 as well).
-Stores and rich are imported inside the commands so that `idem --help` stays quick.
+The conventions they share with every command are in `outbox.terminal`. Stores and rich are
+imported inside the commands so that `idem --help` stays quick.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import shlex
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict
-from datetime import UTC, datetime
-from functools import partial
-from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
+from outbox import terminal
 from outbox.core.logs import get_logger
+from outbox.terminal import AsJson, By
 
 if TYPE_CHECKING:
-    from rich.console import Console
-    from rich.progress import Progress
-    from rich.table import Table
-    from sqlalchemy import Engine
-
-    from outbox.core.settings import Settings
     from outbox.operate.replay import ReplayReport, ReplayRequest
 
 log = get_logger("idem.operator")
 
-AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-By = Annotated[str | None, typer.Option(help="Operator name on record (default: $USER).")]
 Instant = Annotated[str | None, typer.Option(help="ISO-8601, or how long ago such as 2h.")]
 EventType = Annotated[str | None, typer.Option(help="Event type or glob, e.g. 'crm.*'.")]
 Source = Annotated[str | None, typer.Option(help="The sender, e.g. stripe.")]
 Id = Annotated[int, typer.Argument(metavar="ID")]
 STATUS_HELP = "failed_retryable, failed_final, quarantined or processing; repeatable."
-PURGE_REFUSAL = "purge deletes data: run `idem purge --dry-run` first, then `idem purge --yes`"
 
 # Rows of a replay report shown before "… and N more": a screenful; --json lists them all.
 SHOWN_ROWS = 20
@@ -75,16 +63,16 @@ def dlq_list(
 
     window = _instant("--since", since), _instant("--until", until)
     where = DeadLetterFilter(event_type, source, kind, status, *window)
-    with _engine() as (_, engine):
+    with terminal.engine() as (_, engine):
         items, next_cursor = list_dead_letters(engine, where, limit, cursor)
     if as_json:
-        return _print_json({"items": items, "next_cursor": next_cursor})
-    console = _console()
+        return terminal.print_json({"items": items, "next_cursor": next_cursor})
+    console = terminal.console()
     if not items:
         return console.print("no dead letters match")
     fields = "id masked_key kind error_code attempts event_type status last_failed_at"
     headers = "id,key,kind,error code,attempts,event type,status,last failed"
-    console.print(_table(headers, (_pick(item, fields) for item in items)))
+    console.print(terminal.table(headers, (terminal.pick(item, fields) for item in items)))
     if next_cursor is not None:
         console.print(f"next page: --cursor {next_cursor}")
 
@@ -96,27 +84,29 @@ def dlq_show(dead_letter_id: Id, as_json: AsJson = False) -> None:
 
     from outbox.operate.deadletters import get_dead_letter
 
-    with _engine() as (_, engine):
+    with terminal.engine() as (_, engine):
         found = get_dead_letter(engine, dead_letter_id)
     if found is None:
-        _fail(f"no dead letter has id {dead_letter_id}")
+        terminal.fail(f"no dead letter has id {dead_letter_id}")
     if as_json:
-        return _print_json(found)
-    console = _console()
+        return terminal.print_json(found)
+    console = terminal.console()
     console.print(f"dead letter {found['id']}: {found['status']}, {found['kind']}", style="bold")
     flat = {**found, "error_detail": found["last_error"]["detail"]}
     details = [
         (name.removesuffix("_at").replace("_", " "), value)
-        for name, value in zip(DETAIL_FIELDS.split(), _pick(flat, DETAIL_FIELDS), strict=True)
+        for name, value in zip(
+            DETAIL_FIELDS.split(), terminal.pick(flat, DETAIL_FIELDS), strict=True
+        )
         if value not in (None, "")
     ]
-    console.print(_table("field,value", details, show_header=False, box=None))
+    console.print(terminal.table("field,value", details, show_header=False, box=None))
     console.print("payload", style="bold")
     console.print(JSON.from_data(found["payload"], indent=2))
     fields = "id kind error_code attempts first_failed_at last_failed_at resolution resolved_by"
     headers = "id,kind,error code,attempts,first failed,last failed,resolution,by,resolved"
-    history = (_pick(h, f"{fields} resolved_at") for h in found["history"])
-    console.print(_table(headers, history, title="history", title_justify="left"))
+    history = (terminal.pick(h, f"{fields} resolved_at") for h in found["history"])
+    console.print(terminal.table(headers, history, title="history", title_justify="left"))
 
 
 @dlq_app.command("discard")
@@ -130,16 +120,16 @@ def dlq_discard(
     from outbox.operate.deadletters import discard_dead_letter
 
     if not reason.strip():
-        _fail("--reason must not be empty")
-    operator = _operator(by)
-    with _engine() as (_, engine):
+        terminal.fail("--reason must not be empty")
+    operator = terminal.operator(by)
+    with terminal.engine() as (_, engine):
         done = discard_dead_letter(engine, dead_letter_id, reason.strip(), operator)
     if not done:
-        _fail(f"dead letter {dead_letter_id} does not exist or is no longer open")
+        terminal.fail(f"dead letter {dead_letter_id} does not exist or is no longer open")
     log.info("dead_letter.discarded", id=dead_letter_id, by=operator)
     if as_json:
-        return _print_json({"id": dead_letter_id, "status": "discarded"})
-    _console().print(f"discarded dead letter {dead_letter_id}")
+        return terminal.print_json({"id": dead_letter_id, "status": "discarded"})
+    terminal.console().print(f"discarded dead letter {dead_letter_id}")
 
 
 def replay_command(
@@ -162,7 +152,7 @@ def replay_command(
     from outbox.operate import replay
 
     if dry_run and confirm:
-        _fail("choose --dry-run or --confirm, not both")
+        terminal.fail("choose --dry-run or --confirm, not both")
     try:
         # Validated from plain values: the model is where the rules of a replay filter live.
         filters = {"statuses": status or None, "keys": key or None, "limit": limit}
@@ -170,14 +160,14 @@ def replay_command(
         mode = {"dry_run": confirm is None, "confirm": confirm}
         request = replay.ReplayRequest.model_validate({**filters, **bounds, **mode})
     except ValidationError as error:
-        _fail(_validation_message(error))
-    operator = _operator(by)
-    with _engine() as (settings, engine):
+        terminal.fail(_validation_message(error))
+    operator = terminal.operator(by)
+    with terminal.engine() as (settings, engine):
         routes, secret = load_routes(settings.routes_file), replay.confirm_secret(settings)
         if request.dry_run:
             report = replay.dry_run(engine, request, routes, secret=secret)
             return _print_report(report, request, as_json)
-        with _progress(disable=as_json) as progress:
+        with terminal.progress(disable=as_json) as progress:
             progress.add_task("replaying", total=None)
             outcome = replay.execute(engine, request, routes, operator, secret=secret)
     match outcome:
@@ -189,8 +179,10 @@ def replay_command(
             count = len(report.to_replay)
             log.info("replay.executed", replay_id=replay_id, by=operator, keys=count)
             if as_json:
-                return _print_json({"dry_run": False, "replay_id": replay_id, **report.as_dict()})
-            _console().print(f"replayed {count} keys (replay {replay_id})")
+                return terminal.print_json(
+                    {"dry_run": False, "replay_id": replay_id, **report.as_dict()}
+                )
+            terminal.console().print(f"replayed {count} keys (replay {replay_id})")
 
 
 def _print_report(
@@ -199,8 +191,8 @@ def _print_report(
     summary = report.as_dict()
     command = _confirm_command(request, report.confirm)
     if as_json:
-        return _print_json({"dry_run": True, "stale": stale, **summary, "command": command})
-    console = _console()
+        return terminal.print_json({"dry_run": True, "stale": stale, **summary, "command": command})
+    console = terminal.console()
     head = f"matched {report.matched}: {len(report.to_replay)} to replay"
     console.print(f"{head}, {len(report.skipped)} skipped", style="bold")
     for title, rows in (
@@ -211,7 +203,9 @@ def _print_report(
     ):
         if rows:
             options = {"title": title, "title_justify": "left", "show_header": False}
-            console.print(_table("1,2"[: 2 * len(rows[0]) - 1], rows[:SHOWN_ROWS], **options))
+            console.print(
+                terminal.table("1,2"[: 2 * len(rows[0]) - 1], rows[:SHOWN_ROWS], **options)
+            )
         if len(rows) > SHOWN_ROWS:
             console.print(f"… and {len(rows) - SHOWN_ROWS} more (--json lists them all)")
     if not report.to_replay:
@@ -229,79 +223,13 @@ def _confirm_command(request: ReplayRequest, token: str) -> str:
     return shlex.join([*args, "--confirm", token])
 
 
-def purge_command(
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would go.")] = False,
-    yes: Annotated[bool, typer.Option("--yes", help="Delete it, in batches.")] = False,
-    batch: Annotated[int, typer.Option(min=1, max=100_000, help="Rows per statement.")] = 1000,
-    as_json: AsJson = False,
-) -> None:
-    """Forget expired keys and old published outbox rows (needs --dry-run or --yes)."""
-    from outbox.maintenance.purge import PurgeReport, purge
-
-    if dry_run == yes:
-        _fail("choose --dry-run or --yes, not both" if yes else PURGE_REFUSAL)
-    with _engine() as (settings, engine), _progress(disable=as_json or dry_run) as progress:
-        retention = settings.outbox_retention_seconds
-        run = partial(purge, engine, retention_seconds=retention, batch=batch)
-        report = run(dry_run=True)
-        if yes:
-            # A batch per transaction (purge's own loop, one turn at a time) to move the bar.
-            total = report.expired_keys + report.published_outbox_rows
-            task, keys, rows = progress.add_task("purging", total=total), 0, 0
-            while True:
-                step = run(dry_run=False, max_batches=1)
-                keys, rows = keys + step.expired_keys, rows + step.published_outbox_rows
-                progress.advance(task, step.expired_keys + step.published_outbox_rows)
-                if step.expired_keys < batch and step.published_outbox_rows < batch:
-                    break
-            report = PurgeReport(keys, rows, dry_run=False)
-            log.info("purge.finished", expired_keys=keys, published_outbox_rows=rows)
-    if as_json:
-        return _print_json({**asdict(report), "outbox_retention_seconds": retention})
-    _console().print(
-        f"{'would remove' if report.dry_run else 'removed'} {report.expired_keys} expired keys"
-        " (with their events, outbox rows and resolved dead letters) and"
-        f" {report.published_outbox_rows} outbox rows published more than {retention:g} s ago"
-    )
-
-
-def _fail(message: str) -> NoReturn:
-    typer.echo(f"idem: {message}", err=True)
-    raise typer.Exit(2)
-
-
-@contextlib.contextmanager
-def _engine() -> Iterator[tuple[Settings, Engine]]:
-    """Settings and a one-connection engine; an unreachable database is a refusal, not a trace."""
-    from sqlalchemy.exc import OperationalError
-
-    from outbox.cli import _settings
-    from outbox.store.engines import create_sync_engine
-
-    # Operators' commands need the database only, not the broker.
-    settings = _settings(need_servers=False)
-    if not settings.database_url:
-        _fail("DATABASE_URL is not set")
-    engine = create_sync_engine(settings, pool_size=1)
-    try:
-        yield settings, engine
-    except OperationalError as error:
-        _fail(f"database unavailable: {str(error.orig or error).strip().splitlines()[0]}")
-    finally:
-        engine.dispose()
-
-
-def _operator(by: str | None) -> str:
-    return (by or "").strip() or os.environ.get("USER") or "cli"
-
-
 def _instant(option: str, value: str | None) -> datetime | None:
     from outbox.core.timewindow import parse_instant
 
     try:
         return None if value is None else parse_instant(value)
     except ValueError as error:
-        _fail(f"{option}: {error}")
+        terminal.fail(f"{option}: {error}")
 
 
 def _validation_message(error: Any) -> str:
@@ -312,46 +240,3 @@ def _validation_message(error: Any) -> str:
         message = str(problem["msg"]).removeprefix("Value error, ")
         parts.append(f"{where}: {message}" if where else message)
     return "; ".join(parts)
-
-
-def _pick(item: dict[str, Any], fields: str) -> list[Any]:
-    """The values of space-separated `fields`; instants (`*_at`) in UTC to the second."""
-    values = []
-    for field in fields.split():
-        value = item[field]
-        if field.endswith("_at") and value:
-            value = datetime.fromisoformat(value).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-        values.append(value)
-    return values
-
-
-def _print_json(doc: Any) -> None:
-    typer.echo(json.dumps(doc, indent=2, ensure_ascii=False, default=str))
-
-
-def _console() -> Console:
-    from rich.console import Console
-
-    return Console()
-
-
-def _table(headers: str, rows: Iterable[Iterable[Any]], **options: Any) -> Table:
-    """A table of comma-separated `headers`; stored text is never read as rich markup."""
-    from rich.table import Column, Table
-    from rich.text import Text
-
-    # Folded, not cut short: an id or a key in a narrow terminal must stay whole to be copied.
-    table = Table(*(Column(h, overflow="fold") for h in headers.split(",")), **options)
-    for row in rows:
-        table.add_row(*(Text("" if value is None else str(value)) for value in row))
-    return table
-
-
-def _progress(*, disable: bool) -> Progress:
-    """A spinner and bar on stderr, so stdout stays the answer."""
-    from rich import progress as p
-    from rich.console import Console
-
-    columns = [p.SpinnerColumn(), p.TextColumn("{task.description}"), p.BarColumn()]
-    columns += [p.MofNCompleteColumn(), p.TimeElapsedColumn()]
-    return p.Progress(*columns, console=Console(stderr=True), transient=True, disable=disable)

@@ -1,7 +1,7 @@
 """Operators' commands for watching: stats, stuck keys, and routes (list, pause, resume).
 
-Same conventions as `outbox.operate.commands` (whose helpers these use): tables or `--json`;
-exit 0 done, 1 an answer a script acts on (stuck keys found), 2 refused.
+Same conventions as every command (`outbox.terminal`, whose helpers these use): tables or
+`--json`; exit 0 done, 1 an answer a script acts on (stuck keys found), 2 refused.
 """
 
 from __future__ import annotations
@@ -10,18 +10,9 @@ from typing import Annotated, Any
 
 import typer
 
+from outbox import terminal
 from outbox.core.logs import get_logger
-from outbox.operate.commands import (
-    AsJson,
-    By,
-    _console,
-    _engine,
-    _fail,
-    _operator,
-    _pick,
-    _print_json,
-    _table,
-)
+from outbox.terminal import AsJson, By
 
 log = get_logger("idem.operator")
 
@@ -39,21 +30,23 @@ def routes_list(ctx: typer.Context, as_json: AsJson = False) -> None:
     from outbox.core.routes import load_routes
     from outbox.operate.routestate import list_routes
 
-    with _engine() as (settings, engine):
+    with terminal.engine() as (settings, engine):
         items = list_routes(engine, load_routes(settings.routes_file))
     if as_json:
-        return _print_json(items)
+        return terminal.print_json(items)
     fields = "name state in_flight max_in_flight rate_per_second backlog open_until paused_reason"
     headers = "route,state,in flight,max in flight,rate/s,backlog,probe at,paused because"
-    _console().print(_table(headers, (_pick(item, fields) for item in items)))
+    terminal.console().print(
+        terminal.table(headers, (terminal.pick(item, fields) for item in items))
+    )
 
 
 def _known(name: str) -> None:
     from outbox.core.routes import load_routes
 
-    with _engine() as (settings, _):
+    with terminal.engine() as (settings, _):
         if load_routes(settings.routes_file).by_label(name) is None:
-            _fail(f"no configured route is named {name!r}")
+            terminal.fail(f"no configured route is named {name!r}")
 
 
 @routes_app.command("pause")
@@ -67,16 +60,18 @@ def routes_pause(
     from outbox.operate.routestate import pause
 
     if not reason.strip():
-        _fail("--reason must not be empty")
+        terminal.fail("--reason must not be empty")
     _known(name)
-    operator = _operator(by)
-    with _engine() as (_, engine):
+    operator = terminal.operator(by)
+    with terminal.engine() as (_, engine):
         changed = pause(engine, name, reason.strip(), operator)
     if changed:
         log.info("route.paused", route=name, by=operator)
     if as_json:
-        return _print_json({"name": name, "paused": True, "changed": changed})
-    _console().print(f"paused route {name}" if changed else f"route {name} was already paused")
+        return terminal.print_json({"name": name, "paused": True, "changed": changed})
+    terminal.console().print(
+        f"paused route {name}" if changed else f"route {name} was already paused"
+    )
 
 
 @routes_app.command("resume")
@@ -89,17 +84,19 @@ def routes_resume(
     from outbox.operate.routestate import resume
 
     _known(name)
-    operator = _operator(by)
-    with _engine() as (_, engine):
+    operator = terminal.operator(by)
+    with terminal.engine() as (_, engine):
         queued = resume(engine, name, operator)
     if queued is not None:
         log.info("route.resumed", route=name, by=operator, queued=queued)
     if as_json:
         doc = {"name": name, "paused": False, "changed": queued is not None, "queued": queued or 0}
-        return _print_json(doc)
+        return terminal.print_json(doc)
     if queued is None:
-        return _console().print(f"route {name} was not paused")
-    _console().print(f"resumed route {name}: {queued} waiting keys queued in acceptance order")
+        return terminal.console().print(f"route {name} was not paused")
+    terminal.console().print(
+        f"resumed route {name}: {queued} waiting keys queued in acceptance order"
+    )
 
 
 def stuck_command(
@@ -114,8 +111,8 @@ def stuck_command(
     try:
         seconds = parse_duration(older_than).total_seconds()
     except ValueError as error:
-        _fail(f"--older-than: {error}")
-    with _engine() as (_, engine):
+        terminal.fail(f"--older-than: {error}")
+    with terminal.engine() as (_, engine):
         rows = stats.stuck(engine, seconds, limit)
         waiting = stats.waiting_on_routes(engine)
     if waiting:  # on stderr, so --json's stdout stays the list of stuck keys
@@ -123,13 +120,13 @@ def stuck_command(
         note = f"not stuck: {sum(waiting.values())} keys wait on paused or open routes ({held})"
         typer.echo(note, err=True)
     if as_json:
-        _print_json(rows)
+        terminal.print_json(rows)
     elif not rows:
-        _console().print(f"no keys stuck longer than {older_than}")
+        terminal.console().print(f"no keys stuck longer than {older_than}")
     else:
         fields = "key status event_type attempts updated_at age_seconds"
         headers = "key,status,event type,attempts,last change,age (s)"
-        _console().print(_table(headers, (_pick(r, fields) for r in rows)))
+        terminal.console().print(terminal.table(headers, (terminal.pick(r, fields) for r in rows)))
     raise typer.Exit(1 if rows else 0)
 
 
@@ -137,10 +134,10 @@ def stats_command(as_json: AsJson = False) -> None:
     """Keys by status, outbox backlog and lag, processing, open dead letters, duplicates."""
     from outbox.operate import stats
 
-    with _engine() as (_, engine):
+    with terminal.engine() as (_, engine):
         doc = stats.collect(engine)
     if as_json:
-        return _print_json(doc)
+        return terminal.print_json(doc)
     held = doc.pop("routes")
     rows: list[tuple[str, Any]] = []
     for section, value in doc.items():  # a section of numbers, or one number
@@ -149,6 +146,6 @@ def stats_command(as_json: AsJson = False) -> None:
     rows += [("routes held (paused or open)", "" if held else "none")]
     rows += [(f"  {n}", f"{r['state']}, {r['backlog']} waiting") for n, r in held.items()]
     readable = [(name.replace("_", " "), value) for name, value in rows]
-    table = _table("metric,value", readable, show_header=False, box=None)
+    table = terminal.table("metric,value", readable, show_header=False, box=None)
     table.columns[1].justify = "right"
-    _console().print(table)
+    terminal.console().print(table)
