@@ -50,10 +50,11 @@ chaos: install ## Chaos soak: kills, restarts, lost answers; checks every event 
 bench: install ## Measure throughput, latency and memory on this machine (~20 min; docs/performance.md)
 	$(PY) -m bench.run
 
-lint: install ## ruff and mypy
+lint: install ## ruff, mypy and the import contracts (lint-imports: contexts never import each other)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 format: install ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .
