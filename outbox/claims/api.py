@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox.claims import service as claims
+from outbox.claims import service
 from outbox.core import keys
 from outbox.core.access import FailureThrottle, require_token_or_loopback
 from outbox.core.logs import get_logger
@@ -104,7 +104,7 @@ class FailRequest(BaseModel):
     detail: str = Field(default="", max_length=10_000)
     # Whether the side effect may exist: `none` only when the workflow knows nothing was done
     # (the downstream refused, or the request never left). Unknown makes the key uncertain.
-    effect: claims.Effect = "unknown"
+    effect: service.Effect = "unknown"
 
 
 KeyPath = Annotated[str, Path(min_length=1, max_length=255)]
@@ -148,7 +148,7 @@ def claims_router(
         """Claim a key before acting: 201 claimed, 200 already_succeeded, 409 in_progress."""
         correlation_id = body.correlation_id or uuid.uuid4().hex
         outcome = await database(
-            claims.claim(
+            service.claim(
                 engine(),
                 body.key,
                 payload_hash=None if body.payload is None else keys.payload_hash(body.payload),
@@ -161,7 +161,7 @@ def claims_router(
         )
         bound = log.bind(key=keys.mask_key(body.key), correlation_id=correlation_id)
         match outcome:
-            case claims.Claimed():
+            case service.Claimed():
                 bound.info(
                     "claim.claimed",
                     reclaimed=outcome.reclaimed,
@@ -183,7 +183,7 @@ def claims_router(
                     },
                     status_code=201,
                 )
-            case claims.AlreadySucceeded():
+            case service.AlreadySucceeded():
                 bound.info("claim.already_succeeded")
                 return JSONResponse(
                     {
@@ -196,27 +196,27 @@ def claims_router(
                     status_code=200,
                     headers={"Idempotent-Replayed": "true"},
                 )
-            case claims.InProgress():
+            case service.InProgress():
                 return JSONResponse(
                     {"status": "in_progress", "key": body.key, "retry_after": outcome.retry_after},
                     status_code=409,
                     headers={"Retry-After": str(outcome.retry_after)},
                 )
-            case claims.PayloadMismatch():
+            case service.PayloadMismatch():
                 raise Problem(
                     422,
                     "idempotency_key_reused",
                     "This key was first claimed with a different payload.",
                     key=body.key,
                 )
-            case claims.NotAClaimKey():
+            case service.NotAClaimKey():
                 raise Problem(
                     409,
                     "not_a_claim_key",
                     "This key was created by an event; the gateway's worker acts on it.",
                     key=body.key,
                 )
-            case claims.Finished():
+            case service.Finished():
                 return JSONResponse(
                     {"status": outcome.status, "key": body.key, "error_code": outcome.error_code},
                     status_code=409,
@@ -228,7 +228,7 @@ def claims_router(
     async def heartbeat(key: KeyPath, body: HeartbeatRequest) -> JSONResponse:
         """Extend the lease while the side effect runs."""
         until = await database(
-            claims.heartbeat(
+            service.heartbeat(
                 engine(), key, body.lease_token, body.lease_seconds or settings.lease_seconds
             )
         )
@@ -240,7 +240,7 @@ def claims_router(
     async def complete(key: KeyPath, body: CompleteRequest) -> JSONResponse:
         """Record the side effect's result; every later claim gets it back."""
         done = await database(
-            claims.complete(engine(), key, body.lease_token, body.result, body.external_ref)
+            service.complete(engine(), key, body.lease_token, body.result, body.external_ref)
         )
         if not done:
             return _lease_lost(key)
@@ -252,7 +252,7 @@ def claims_router(
         """Record a failure: retryable frees the key for the next claim; otherwise a dead
         letter is written for an operator."""
         done = await database(
-            claims.fail(
+            service.fail(
                 engine(),
                 key,
                 body.lease_token,
