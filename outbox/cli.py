@@ -50,11 +50,15 @@ def serve(
     import uvicorn
 
     settings = load_settings()
+    host, port = host or settings.host, port or settings.port
+    # uvicorn's own start-up lines are left out (outbox/core/logs.py); a port already taken
+    # is still its ERROR line.
+    log.info("receiver.starting", url=f"http://{host}:{port}", workers=workers)
     uvicorn.run(
         "outbox.app:create_app",
         factory=True,
-        host=host or settings.host,
-        port=port or settings.port,
+        host=host,
+        port=port,
         workers=workers,
         log_config=None,
         access_log=False,
@@ -148,8 +152,7 @@ def migrate() -> None:
     from outbox.store.migrate import upgrade
 
     settings = load_settings()
-    upgrade(settings.database_url)
-    log.info("migrations.applied")
+    log.info("migrations.applied", revision=upgrade(settings.database_url))
 
 
 @app.command()
@@ -188,7 +191,8 @@ def dev(
         for server in servers:
             server.cleanup()
         fail(str(error))
-    upgrade(env.get("DATABASE_URL") or settings.database_url)
+    revision = upgrade(env.get("DATABASE_URL") or settings.database_url)
+    log.info("migrations.applied", revision=revision)
     commands = {
         "receiver": [sys.executable, "-m", "outbox.cli", "serve"],
         "relay": [sys.executable, "-m", "outbox.cli", "relay"],

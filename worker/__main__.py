@@ -69,8 +69,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"idem: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     if settings.worker_metrics_port:
-        served = metrics.serve(settings.worker_metrics_port)
-        log.info("worker.metrics", port=settings.worker_metrics_port, served=served)
+        port = settings.worker_metrics_port
+        refused = metrics.serve(port)
+        if refused is None:
+            log.info("worker.metrics", port=port, served=True)
+        else:
+            log.warning("worker.metrics", port=port, served=False, reason=refused)
 
     asked = threading.Event()
 
@@ -81,6 +85,8 @@ def main(argv: list[str] | None = None) -> None:
     # `start`, not `worker_main`: the latter drops the worker's exit code.
     celery_status = app.start(
         [
+            # No banner: it is not a log line (and breaks JSON logs); "ready." still is one.
+            "--quiet",
             "worker",
             "--queues",
             TASK_QUEUE,

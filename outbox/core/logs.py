@@ -1,4 +1,5 @@
-"""Structured logs: JSON lines in production, coloured console lines in development.
+"""Structured logs: JSON lines in production, console lines in development (coloured on a
+terminal only, so a log file or a pipe never holds escape codes).
 
 Context (correlation id, masked key, event type, attempt) is bound once at each edge (the HTTP
 handler, the Celery task) with contextvars, so every line on an event's path carries it.
@@ -31,7 +32,7 @@ def configure_logging(log_format: str = "json", level: str = "INFO") -> None:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     renderer: Any = (
-        structlog.dev.ConsoleRenderer()
+        structlog.dev.ConsoleRenderer(colors=_is_terminal(sys.stderr))
         if log_format == "console"
         else structlog.processors.JSONRenderer()
     )
@@ -57,6 +58,30 @@ def configure_logging(log_format: str = "json", level: str = "INFO") -> None:
     root.setLevel(threshold)
     # Access logs would repeat every request with its URL; the receiver logs what matters.
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+    # Libraries that narrate routine work at INFO. Their warnings and errors still show; what
+    # the gateway did, it logs itself (`migrations.applied`, `receiver.starting`, ...).
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(max(threshold, logging.WARNING))
+
+
+QUIET_LIBRARIES = (
+    # Two lines per migration context, which readiness opens on every /readyz probe, and a
+    # line per plugin when the autogenerate package is imported.
+    "alembic",
+    # Every initdb and pg_ctl command line with its whole output (a failure is an ERROR with
+    # the output, and still shows).
+    "pgserver",
+    # The server's start and stop narration; a port already taken is an ERROR and still shows.
+    "uvicorn.error",
+    # The worker's broker address on each connection; a lost connection is a WARNING or an
+    # ERROR and still shows (the worker's "ready." line stays: tools wait for it).
+    "celery.worker.consumer.connection",
+)
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
 
 
 class _NamedWriter(structlog.WriteLogger):

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,11 @@ from typing import Any
 def start_postgres(data_dir: Path) -> tuple[Any, str]:
     """Start (or reuse) a PostgreSQL in `data_dir`; returns the server and its SQLAlchemy URL."""
     try:
-        import pgserver
+        with warnings.catch_warnings():
+            # pgserver asks platformdirs for a runtime dir at import; without XDG_RUNTIME_DIR
+            # platformdirs warns and falls back to /tmp, which is fine for a local server.
+            warnings.filterwarnings("ignore", category=UserWarning, module="platformdirs")
+            import pgserver
     except ModuleNotFoundError as error:
         raise RuntimeError(
             "no embedded PostgreSQL: install 'idem-gateway[embedded]' or set DATABASE_URL"

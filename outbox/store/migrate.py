@@ -25,9 +25,13 @@ def alembic_config(database_url: str) -> Config:
     return config
 
 
-def upgrade(database_url: str, revision: str = "head") -> None:
-    """Bring the database to `revision` (the latest by default)."""
+def upgrade(database_url: str, revision: str = "head") -> str:
+    """Bring the database to `revision` (the latest by default); returns the revision asked
+    for, the newest one's id for "head" (alembic's own lines are left out of the log)."""
     command.upgrade(alembic_config(database_url), revision)
+    if revision != "head":
+        return revision
+    return ",".join(sorted(ScriptDirectory(SCRIPT_LOCATION).get_heads()))
 
 
 def is_at_head(connection: Connection) -> bool:

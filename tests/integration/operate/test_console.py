@@ -59,8 +59,9 @@ def browser() -> Iterator[Browser]:
         )
     if not CHROMIUM.is_file():
         pytest.fail(
-            f"Debian's chromium is missing at {CHROMIUM}: `make install` as root installs it, "
-            "or run `apt-get update && apt-get install -y chromium`. No browser is downloaded.",
+            f"Debian's chromium is missing at {CHROMIUM}: `make test` as root installs it"
+            " (`make browser`), or run `apt-get update && apt-get install -y chromium`."
+            " No browser is downloaded.",
             pytrace=False,
         )
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
