@@ -22,7 +22,7 @@ metrics.prepare_directory()
 
 from celery import signals  # noqa: E402
 
-from outbox.core.logs import get_logger  # noqa: E402
+from outbox.core.logs import configure_logging, get_logger  # noqa: E402
 from outbox.core.routes import RoutesError  # noqa: E402
 from outbox.core.settings import Settings, get_settings  # noqa: E402
 from outbox.core.timeouts import TimingError  # noqa: E402
@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.concurrency:
         overrides["worker_concurrency"] = args.concurrency
     settings = get_settings().model_copy(update=overrides)
+    # The lines before Celery starts (metrics, connections) look like every other line; Celery
+    # configures logging again the same way when it starts (worker/app.py, setup_logging).
+    configure_logging(settings.log_format, settings.log_level)
     try:
         app = create_worker_app(settings)
         _check_connections(settings)
