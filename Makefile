@@ -5,12 +5,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run demo test test-slow chaos lint format up migrate clean bench constraints n8n-e2e node-test
+.PHONY: help install browser run demo test test-slow chaos lint format up migrate clean bench constraints n8n-e2e node-test
 
 help: ## List the targets with what they do
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-install: $(STAMP) ## Create .venv and install the project with its test tools (pinned by constraints.txt)
+install: $(STAMP) ## Create .venv and install the project with its test tools (pinned; nothing outside this folder)
+
+browser: ## Debian's chromium for the console's browser tests (make test runs it: apt-get, as root only)
 	@[ -x /usr/bin/chromium ] || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && (apt-get update -qq && apt-get install -y -qq chromium) ; } || true
 
 $(STAMP): pyproject.toml constraints.txt
@@ -35,10 +37,10 @@ run: install ## Run everything (receiver, relay, worker; embedded servers if no 
 demo: install ## Tell the story: a lost CRM answer, a redelivery, still one task
 	$(VENV)/bin/idem demo
 
-test: install ## Run the test suite (real PostgreSQL, Redis and Celery workers; slow soaks excluded)
+test: install browser ## Run the test suite (real PostgreSQL, Redis and Celery workers; slow soaks excluded)
 	$(PY) -m pytest
 
-test-slow: install ## Run the slow soaks only
+test-slow: install ## Run the slow soaks only (route protection on real processes; n8n when installed)
 	$(PY) -m pytest -m slow
 
 n8n-e2e: install ## The n8n examples and the Idem node (built with npm) in a real n8n 2.8.4 (installs it into .n8n/ unless N8N_BIN is set)
@@ -53,10 +55,11 @@ chaos: install ## Chaos soak: kills, restarts, lost answers; checks every event 
 bench: install ## Measure throughput, latency and memory on this machine (~20 min; docs/performance.md)
 	$(PY) -m bench.run
 
-lint: install ## ruff and mypy
+lint: install ## ruff, mypy and the import contracts (lint-imports: contexts never import each other)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 format: install ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .

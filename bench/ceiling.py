@@ -19,10 +19,10 @@ from typing import Any
 import uvicorn
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox.db import create_receiver_engine
-from outbox.intake import PROCESS_TASK
-from outbox.queries import RESERVE_KEY
-from outbox.settings import get_settings
+from outbox.core.settings import get_settings
+from outbox.core.wire import PROCESS_TASK
+from outbox.store.engines import create_receiver_engine
+from outbox.store.ingest import RESERVE_KEY
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -23,7 +23,7 @@ from bench.infra import Processes, scalar, sql, wait_until
 from bench.load import generate
 from bench.procfs import cpu_seconds
 from bench.report import Check, median
-from outbox.publisher import TASK_QUEUE
+from outbox.core.wire import TASK_QUEUE
 
 DRAIN_TARGET = 5_000.0
 INGEST_DROP_LIMIT = 0.20

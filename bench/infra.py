@@ -22,8 +22,8 @@ import psycopg
 import redis
 
 from bench.procfs import children
-from outbox.embedded import free_port, start_redis, wait_for_port
-from outbox.migrate import upgrade
+from outbox.store.embedded import free_port, start_redis, wait_for_port
+from outbox.store.migrate import upgrade
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -59,7 +59,7 @@ def scalar(url: str, statement: str, params: Any = None) -> Any:
 
 def worker_pool_default() -> str:
     """The worker's pool when none is named (WORKER_POOL, else the settings' default)."""
-    from outbox.settings import Settings
+    from outbox.core.settings import Settings
 
     return os.environ.get("WORKER_POOL") or str(Settings.model_fields["worker_pool"].default)
 
@@ -72,7 +72,7 @@ class WorkerShape:
     concurrency: int | None = None
 
     def resolved(self) -> tuple[str, int]:
-        from outbox.settings import Settings
+        from outbox.core.settings import Settings
 
         pool = self.pool or worker_pool_default()
         settings = Settings(worker_pool=pool, worker_concurrency=self.concurrency)  # type: ignore[arg-type]

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from bench.procfs import machine_busy_seconds, tree_cpu_seconds
-from outbox.provider_signatures import sign_stripe
+from outbox.ingest.provider_signatures import sign_stripe
 
 EVENT = (
     '{{"source":"{source}","event_type":"bench.noop","external_id":"{external_id}",'

@@ -28,9 +28,9 @@ from typing import Any
 import httpx
 
 from examples.fake_crm import FakeCrm
-from outbox import embedded
-from outbox.embedded import free_port, start_postgres, start_redis, wait_for_port
-from outbox.migrate import upgrade
+from outbox.store import embedded
+from outbox.store.embedded import free_port, start_postgres, start_redis, wait_for_port
+from outbox.store.migrate import upgrade
 
 ROOT = Path(__file__).resolve().parent.parent
 EVENT_TYPE = "crm.followup.requested"

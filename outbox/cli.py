@@ -1,4 +1,9 @@
-"""`idem`: run the gateway's processes, or all of them at once with `idem dev`."""
+"""`idem`: run the gateway's processes, or all of them at once with `idem dev`.
+
+The entry point: the process commands are here, each context's terminal commands are
+registered from its own module (`outbox.operate.commands`, `outbox.operate.watch`,
+`outbox.maintenance.commands`), and their shared conventions are in `outbox.terminal`.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +17,12 @@ from typing import Any
 
 import typer
 
-from outbox.logs import configure_logging, get_logger
-from outbox.opcli import dlq_app, purge_command, replay_command
-from outbox.routes import RoutesError, load_routes
-from outbox.settings import Settings, get_settings
-from outbox.timing import TimingError, check_timing
-from outbox.tokens import TokenError, check_tokens, configured_tokens
-from outbox.watchcli import routes_app, stats_command, stuck_command
+from outbox.core.logs import get_logger
+from outbox.core.settings import get_settings
+from outbox.maintenance.commands import purge_command
+from outbox.operate.commands import dlq_app, replay_command
+from outbox.operate.watch import routes_app, stats_command, stuck_command
+from outbox.terminal import fail, load_settings
 
 app = typer.Typer(
     help="Exactly-once side effects for automation workflows.",
@@ -26,26 +30,6 @@ app = typer.Typer(
     add_completion=False,
 )
 log = get_logger("idem")
-
-
-def _settings(*, need_servers: bool = True) -> Settings:
-    settings = get_settings()
-    configure_logging(settings.log_format, settings.log_level)
-    if need_servers and not settings.database_url:
-        _fail("DATABASE_URL is not set (or use `idem dev`, which starts embedded servers)")
-    if need_servers and not settings.redis_url:
-        _fail("REDIS_URL is not set (or use `idem dev`, which starts embedded servers)")
-    try:
-        check_tokens(configured_tokens(settings))
-        check_timing(settings, load_routes(settings.routes_file))
-    except (RoutesError, TimingError, TokenError) as error:
-        _fail(str(error))
-    return settings
-
-
-def _fail(message: str) -> None:
-    typer.echo(f"idem: {message}", err=True)
-    raise typer.Exit(2)
 
 
 def _stop_on_signals(stop: threading.Event) -> None:
@@ -65,12 +49,16 @@ def serve(
     """Run the HTTP receiver."""
     import uvicorn
 
-    settings = _settings()
+    settings = load_settings()
+    host, port = host or settings.host, port or settings.port
+    # uvicorn's own start-up lines are left out (outbox/core/logs.py); a port already taken
+    # is still its ERROR line.
+    log.info("receiver.starting", url=f"http://{host}:{port}", workers=workers)
     uvicorn.run(
-        "outbox.receiver:create_app",
+        "outbox.app:create_app",
         factory=True,
-        host=host or settings.host,
-        port=port or settings.port,
+        host=host,
+        port=port,
         workers=workers,
         log_config=None,
         access_log=False,
@@ -81,11 +69,11 @@ def serve(
 @app.command()
 def relay() -> None:
     """Publish due outbox rows to the broker until stopped."""
-    from outbox.db import create_relay_engine
-    from outbox.publisher import create_publisher
-    from outbox.relay import run_relay
+    from outbox.relay.loop import run_relay
+    from outbox.relay.publisher import create_publisher
+    from outbox.store.engines import create_relay_engine
 
-    settings = _settings()
+    settings = load_settings()
     stop = threading.Event()
     _stop_on_signals(stop)
     engine = create_relay_engine(settings)
@@ -100,10 +88,10 @@ def sweep(
     once: bool = typer.Option(False, "--once", help="One pass, then exit."),
 ) -> None:
     """Re-drive keys whose lease expired or whose message was lost (one sweeper acts at a time)."""
-    from outbox.db import create_sync_engine
-    from outbox.sweeper import run_sweeper, sweep_once
+    from outbox.maintenance.sweeper import run_sweeper, sweep_once
+    from outbox.store.engines import create_sync_engine
 
-    settings = _settings()
+    settings = load_settings()
     engine = create_sync_engine(settings)
     try:
         if once:
@@ -129,7 +117,7 @@ def worker(
     pool: str = typer.Option(None, help="threads (default) or prefork (WORKER_POOL)."),
 ) -> None:
     """Run the Celery worker that claims keys and runs actions."""
-    _settings()
+    load_settings()
     args = [sys.executable, "-m", "worker"]
     if concurrency:
         args += ["--concurrency", str(concurrency)]
@@ -144,12 +132,11 @@ def alive(
 ) -> None:
     """Exit 0 while this container's relay or sweeper turns its loop (HEARTBEAT_FILE is
     recent), 1 otherwise: the liveness check of the processes that serve no HTTP."""
-    from outbox.heartbeat import age_seconds
+    from outbox.core.heartbeat import age_seconds
 
     path = get_settings().heartbeat_file
     if path is None:
-        _fail("HEARTBEAT_FILE is not set")
-        return
+        fail("HEARTBEAT_FILE is not set")
     age = age_seconds(path)
     if age is None or age > max_age:
         typer.echo(
@@ -162,11 +149,10 @@ def alive(
 @app.command()
 def migrate() -> None:
     """Apply the database migrations (Alembic upgrade to head)."""
-    from outbox.migrate import upgrade
+    from outbox.store.migrate import upgrade
 
-    settings = _settings()
-    upgrade(settings.database_url)
-    log.info("migrations.applied")
+    settings = load_settings()
+    log.info("migrations.applied", revision=upgrade(settings.database_url))
 
 
 @app.command()
@@ -181,14 +167,14 @@ def dev(
     With no DATABASE_URL / REDIS_URL, embedded PostgreSQL and Redis start with their data in
     DATA_DIR (default .idem/).
     """
-    from outbox import embedded
-    from outbox.migrate import upgrade
+    from outbox.store import embedded
+    from outbox.store.migrate import upgrade
 
     os.environ.setdefault("LOG_FORMAT", "console")
     # On a developer's machine the API's schema and its viewers help; production leaves them off.
     os.environ.setdefault("API_DOCS", "true")
     get_settings.cache_clear()
-    settings = _settings(need_servers=False)
+    settings = load_settings(need_servers=False)
     env = dict(os.environ)
     servers: list[Any] = []
     redis_process: subprocess.Popen[bytes] | None = None
@@ -204,8 +190,9 @@ def dev(
     except RuntimeError as error:
         for server in servers:
             server.cleanup()
-        _fail(str(error))
-    upgrade(env.get("DATABASE_URL") or settings.database_url)
+        fail(str(error))
+    revision = upgrade(env.get("DATABASE_URL") or settings.database_url)
+    log.info("migrations.applied", revision=revision)
     commands = {
         "receiver": [sys.executable, "-m", "outbox.cli", "serve"],
         "relay": [sys.executable, "-m", "outbox.cli", "relay"],
@@ -276,11 +263,11 @@ def demo() -> None:
     except ModuleNotFoundError as error:
         if error.name not in ("examples", "examples.demo", "examples.fake_crm"):
             raise
-        _fail("idem demo runs from the project's folder (it uses examples/)")
+        fail("idem demo runs from the project's folder (it uses examples/)")
     raise typer.Exit(main())
 
 
-# Operators' commands (outbox/opcli.py, outbox/watchcli.py).
+# The contexts' commands: operators' (outbox/operate/), the purge (outbox/maintenance/).
 app.add_typer(dlq_app, name="dlq")
 app.command("replay")(replay_command)
 app.command("stuck")(stuck_command)

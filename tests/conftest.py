@@ -23,8 +23,8 @@ import psycopg
 import pytest
 import redis
 
-from outbox import embedded
-from outbox.migrate import upgrade
+from outbox.store import embedded
+from outbox.store.migrate import upgrade
 from tests.support import Downstream, Stack, libpq, write_routes
 
 

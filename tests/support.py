@@ -23,7 +23,7 @@ import httpx
 import psycopg
 from sqlalchemy import make_url
 
-from outbox.embedded import free_port, wait_for_port
+from outbox.store.embedded import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 # At least 32 characters, or the receiver refuses to start.

@@ -22,13 +22,13 @@ metrics.prepare_directory()
 
 from celery import signals  # noqa: E402
 
-from outbox.connections import ConnectionBudgetError, check_budget, worker_budget  # noqa: E402
-from outbox.db import create_sync_engine  # noqa: E402
-from outbox.logs import get_logger  # noqa: E402
-from outbox.publisher import TASK_QUEUE  # noqa: E402
-from outbox.routes import RoutesError  # noqa: E402
-from outbox.settings import Settings, get_settings  # noqa: E402
-from outbox.timing import TimingError  # noqa: E402
+from outbox.core.logs import configure_logging, get_logger  # noqa: E402
+from outbox.core.routes import RoutesError  # noqa: E402
+from outbox.core.settings import Settings, get_settings  # noqa: E402
+from outbox.core.timeouts import TimingError  # noqa: E402
+from outbox.core.wire import TASK_QUEUE  # noqa: E402
+from outbox.store.connections import ConnectionBudgetError, check_budget, worker_budget  # noqa: E402
+from outbox.store.engines import create_sync_engine  # noqa: E402
 from worker.app import create_worker_app  # noqa: E402
 
 # The status of a worker that stopped without being asked to (EX_SOFTWARE, sysexits.h).
@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.concurrency:
         overrides["worker_concurrency"] = args.concurrency
     settings = get_settings().model_copy(update=overrides)
+    # The lines before Celery starts (metrics, connections) look like every other line; Celery
+    # configures logging again the same way when it starts (worker/app.py, setup_logging).
+    configure_logging(settings.log_format, settings.log_level)
     try:
         app = create_worker_app(settings)
         _check_connections(settings)
@@ -69,8 +72,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"idem: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     if settings.worker_metrics_port:
-        served = metrics.serve(settings.worker_metrics_port)
-        log.info("worker.metrics", port=settings.worker_metrics_port, served=served)
+        port = settings.worker_metrics_port
+        refused = metrics.serve(port)
+        if refused is None:
+            log.info("worker.metrics", port=port, served=True)
+        else:
+            log.warning("worker.metrics", port=port, served=False, reason=refused)
 
     asked = threading.Event()
 
@@ -81,6 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     # `start`, not `worker_main`: the latter drops the worker's exit code.
     celery_status = app.start(
         [
+            # No banner: it is not a log line (and breaks JSON logs); "ready." still is one.
+            "--quiet",
             "worker",
             "--queues",
             TASK_QUEUE,

@@ -18,13 +18,12 @@ import structlog
 from celery import Celery, signals
 from sqlalchemy import Engine
 
-from outbox.db import create_sync_engine
-from outbox.intake import PROCESS_TASK
-from outbox.logs import configure_logging
-from outbox.publisher import TASK_QUEUE
-from outbox.routes import RouteTable, load_routes
-from outbox.settings import Settings
-from outbox.timing import check_timing
+from outbox.core.logs import configure_logging
+from outbox.core.routes import RouteTable, load_routes
+from outbox.core.settings import Settings
+from outbox.core.timeouts import check_timing
+from outbox.core.wire import PROCESS_TASK, TASK_QUEUE
+from outbox.store.engines import create_sync_engine
 from worker import metrics
 from worker.attempt import run_attempt
 from worker.guard import RouteGuard

@@ -34,9 +34,9 @@ from typing import assert_never
 
 import structlog
 
-from outbox import contract, keys
-from outbox.logs import get_logger
-from outbox.routes import Route, RouteTable
+from outbox.core import contract, keys
+from outbox.core.logs import get_logger
+from outbox.core.routes import Route, RouteTable
 from worker.actions import ActionContext, ActionResult, get_action, get_reconciler
 from worker.backoff import next_delay
 from worker.errors import Failure, classify

@@ -25,7 +25,7 @@ the downstream and done its work although no success came back. Uncertain:
 
 Not uncertain (the downstream did not act): timeout_connect, connect_refused, timeout_pool,
 http_408, http_425, http_429, http_503, and an action's TransientError by default. A lost or
-expired lease makes the key uncertain at the next claim (`outbox.lifecycle.CLAIM_KEY`).
+expired lease makes the key uncertain at the next claim (`outbox.store.lifecycle.CLAIM_KEY`).
 """
 
 from __future__ import annotations

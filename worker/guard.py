@@ -26,9 +26,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from outbox import route_queries as q
-from outbox.logs import get_logger
-from outbox.routes import Route
+from outbox.core.logs import get_logger
+from outbox.core.routes import Route
+from outbox.store import routes as q
 from worker.errors import Failure
 from worker.instruments import THROTTLED
 from worker.store import Claim, KeyStore

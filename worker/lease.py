@@ -23,7 +23,7 @@ import threading
 import time
 from types import TracebackType
 
-from outbox.logs import get_logger
+from outbox.core.logs import get_logger
 from worker.store import Claim, KeyStore
 
 log = get_logger(__name__)

@@ -27,8 +27,8 @@ def prepare_directory() -> str:
     return path
 
 
-def serve(port: int) -> bool:
-    """Serve the summed metrics of all pool processes; False when the port is taken."""
+def serve(port: int) -> str | None:
+    """Serve the summed metrics of all pool processes; None when served, else why not."""
     from prometheus_client import CollectorRegistry, start_http_server
     from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -36,9 +36,10 @@ def serve(port: int) -> bool:
     MultiProcessCollector(registry)  # type: ignore[no-untyped-call]  # untyped upstream
     try:
         start_http_server(port, addr="0.0.0.0", registry=registry)
-    except OSError:
-        return False
-    return True
+    except OSError as error:
+        # Most often another worker on this machine serves its metrics there already.
+        return f"port {port} cannot be bound: {error.strerror or error}"
+    return None
 
 
 def mark_process_dead(pid: int) -> None:

@@ -1,6 +1,6 @@
 """The worker's side of the key store: claim, renew, and finish under the fence.
 
-Each step is ONE statement from `outbox.lifecycle`, atomic by itself, sent in autocommit: no
+Each step is ONE statement from `outbox.store.lifecycle`, atomic by itself, sent in autocommit: no
 transaction is ever open across an external call, and a step costs one round trip instead of
 four (pre-ping, BEGIN, statement, COMMIT). Every write after the claim names the fence and
 the claim's random lease token and reports whether a row matched; a holder whose lease was
@@ -22,10 +22,11 @@ from typing import Any
 from sqlalchemy import Engine, RowMapping, TextClause
 from sqlalchemy.exc import DataError, DBAPIError
 
-from outbox import lifecycle, route_queries
-from outbox.intake import PROCESS_TASK
-from outbox.logs import get_logger
-from outbox.redaction import redact
+from outbox.core.logs import get_logger
+from outbox.core.redaction import redact
+from outbox.core.wire import PROCESS_TASK
+from outbox.store import lifecycle
+from outbox.store import routes as route_queries
 from worker.results import storable_ref, storable_result, without_nul
 
 # Error details are for people reading a dead letter, not a place to keep response bodies.

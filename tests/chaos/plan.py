@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from outbox.envelope import Envelope
+from outbox.ingest.envelope import Envelope
 
 SOURCE = "chaos"
 EVENT_TYPES = ("crm.lead.created", "crm.deal.won", "crm.task.assigned")

@@ -20,8 +20,8 @@ from typing import Any
 
 import psutil
 
-from outbox import embedded
-from outbox.embedded import free_port, wait_for_port
+from outbox.store import embedded
+from outbox.store.embedded import free_port, wait_for_port
 from tests.support import ROOT
 
 

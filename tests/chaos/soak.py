@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from outbox.migrate import upgrade
+from outbox.store.migrate import upgrade
 from tests.chaos import check, plan
 from tests.chaos.client import Sender
 from tests.chaos.crm import FakeCrm

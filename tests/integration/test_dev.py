@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from outbox.embedded import free_port, wait_for_port
+from outbox.store.embedded import free_port, wait_for_port
 from tests.support import ROOT, wait_until
 
 

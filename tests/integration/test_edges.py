@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from outbox.db import create_sync_engine
-from outbox.settings import Settings
+from outbox.core.settings import Settings
+from outbox.store.engines import create_sync_engine
 from tests.support import (
     AUTH,
     CLAIMS_TOKEN,

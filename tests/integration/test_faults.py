@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import redis as redis_client
 
-from outbox.embedded import free_port, start_redis
+from outbox.store.embedded import free_port, start_redis
 from tests.support import (
     AUTH,
     Downstream,

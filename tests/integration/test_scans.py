@@ -14,12 +14,15 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event
 
-from outbox import purge, queries, relay, stats
-from outbox.console import charts
-from outbox.db import create_sync_engine
-from outbox.replay import ReplayRequest, plan
-from outbox.routes import load_routes
-from outbox.settings import Settings
+from outbox.core.routes import load_routes
+from outbox.core.settings import Settings
+from outbox.maintenance import purge
+from outbox.operate import stats
+from outbox.operate.console import charts
+from outbox.operate.replay import ReplayRequest, plan
+from outbox.relay import loop as relay
+from outbox.store import relay as queries
+from outbox.store.engines import create_sync_engine
 from tests.support import libpq
 
 SIZES = [

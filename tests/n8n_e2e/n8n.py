@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from outbox.embedded import terminate
+from outbox.store.embedded import terminate
 from tests.support import ROOT
 
 PIN = Path(__file__).resolve().parent / "pin"

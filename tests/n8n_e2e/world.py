@@ -23,8 +23,8 @@ from typing import Any
 
 import psycopg
 
-from outbox import embedded
-from outbox.migrate import upgrade
+from outbox.store import embedded
+from outbox.store.migrate import upgrade
 from tests.n8n_e2e import idem_node
 from tests.n8n_e2e.model import ScriptedModel
 from tests.n8n_e2e.n8n import N8n

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,20 @@ def test_modules_are_at_most_400_lines(path: Path) -> None:
     """No module in outbox/ or worker/ is over 400 lines."""
     lines = len(path.read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_MODULE_LINES, f"{relative(path)} has {lines} lines"
+
+
+LINT_IMPORTS = "import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())"
+
+
+def test_import_contracts_are_kept() -> None:
+    """The import contracts of pyproject.toml hold: contexts use core and store and never each
+    other, the worker never imports a context, no import cycle (import-linter)."""
+    result = subprocess.run(
+        [sys.executable, "-c", LINT_IMPORTS, "--no-cache"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout

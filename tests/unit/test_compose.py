@@ -472,7 +472,7 @@ def test_worker_grace_period_covers_a_lease_and_its_margin(
 ) -> None:
     """`docker compose stop` gives the worker more than a lease, a renewal and the margin to
     finish its running attempt before SIGKILL (Docker's default is 10 s)."""
-    from outbox.timing import minimum_stop_grace
+    from outbox.core.timeouts import minimum_stop_grace
 
     worker = services["worker"]
     lease = INTERPOLATION.fullmatch(worker["environment"]["LEASE_SECONDS"])

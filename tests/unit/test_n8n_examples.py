@@ -166,8 +166,8 @@ def conditions(node: dict[str, Any]) -> list[dict[str, Any]]:
 
 @cache
 def openapi_paths() -> dict[str, dict[str, Any]]:
-    from outbox.receiver import create_app
-    from outbox.settings import Settings
+    from outbox.app import create_app
+    from outbox.core.settings import Settings
 
     app = create_app(
         Settings(

@@ -8,7 +8,7 @@ import unicodedata
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from outbox.keys import (
+from outbox.core.keys import (
     canonical_json,
     derive_key,
     event_hash,

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from outbox.routes import Route
+from outbox.core.routes import Route
 
 
 @dataclass(frozen=True)

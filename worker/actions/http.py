@@ -13,8 +13,8 @@ from urllib.parse import quote
 
 import httpx
 
-from outbox.jsonbody import resolve_pointer
-from outbox.routes import Route
+from outbox.core.jsonbody import resolve_pointer
+from outbox.core.routes import Route
 from worker.actions import ActionContext, ActionResult
 from worker.errors import TransientError, error_for_response
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from outbox.routes import Route
+from outbox.core.routes import Route
 from worker.actions import ActionContext, ActionResult
 
 

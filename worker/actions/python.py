@@ -11,7 +11,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from outbox.routes import Route
+from outbox.core.routes import Route
 from worker.actions import ActionContext, ActionResult
 from worker.errors import ActionError, PermanentError, TransientError
 

@@ -1,0 +1,288 @@
+"""`/v1/claims`: the key store for workflows that perform the side effect themselves.
+
+An n8n HTTP Request node claims the key, acts, then completes (or fails) with the lease token.
+The answers are made for an IF node: 201 claimed (`uncertain: true`: look the effect up before
+acting), 200 already_succeeded (use the stored result), 409 in_progress (wait Retry-After),
+lease_lost (stop: someone else holds the key now) or not_a_claim_key (an event's key, which the
+gateway's worker acts on). Every endpoint needs the CLAIMS_TOKEN bearer token; without one
+configured, only clients on this machine are served (`outbox.core.access`).
+"""
+
+# No `from __future__ import annotations`: FastAPI must resolve the models at definition time.
+
+import math
+import uuid
+from collections.abc import Callable
+from typing import Annotated, Any, assert_never
+
+from fastapi import APIRouter, Depends, Path, Request
+from fastapi.responses import JSONResponse
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from outbox.claims import service
+from outbox.core import keys
+from outbox.core.access import FailureThrottle, require_token_or_loopback
+from outbox.core.logs import get_logger
+from outbox.core.problems import Problem, json_response, problem_responses
+from outbox.core.settings import Settings
+
+log = get_logger(__name__)
+
+Seconds = Annotated[int, Field(ge=1, le=3600)]
+
+
+def _finite(value: Any) -> Any:
+    """Refuse NaN and Infinity anywhere in a value: Python's JSON parser reads them, but they
+    are not JSON, cannot be hashed canonically nor stored as jsonb (the event path refuses them
+    the same way)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError("NaN and Infinity are not JSON")
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return value
+
+
+# Any JSON value, without the non-standard constants.
+JsonValue = Annotated[Any, AfterValidator(_finite)]
+
+
+class ClaimRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(min_length=1, max_length=255)
+    payload: JsonValue = None
+    lease_seconds: Seconds | None = None
+    correlation_id: str | None = Field(default=None, min_length=1, max_length=200)
+    workflow: str | None = Field(default=None, min_length=1, max_length=500)
+
+    @field_validator("key")
+    @classmethod
+    def _valid_key(cls, value: str) -> str:
+        try:
+            return keys.validate_client_key(value)
+        except keys.InvalidKey as error:
+            raise ValueError(str(error)) from error
+
+    @field_validator("payload")
+    @classmethod
+    def _finite_payload(cls, value: Any) -> Any:
+        return keys.require_finite(value)
+
+
+class HeartbeatRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lease_token: str = Field(min_length=1, max_length=200)
+    lease_seconds: Seconds | None = None
+
+
+class CompleteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lease_token: str = Field(min_length=1, max_length=200)
+    result: JsonValue = None
+    external_ref: str | None = Field(default=None, max_length=500)
+
+    @field_validator("result")
+    @classmethod
+    def _finite_result(cls, value: Any) -> Any:
+        return keys.require_finite(value)
+
+
+class FailRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lease_token: str = Field(min_length=1, max_length=200)
+    error_code: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:-]+$")
+    retryable: bool
+    detail: str = Field(default="", max_length=10_000)
+    # Whether the side effect may exist: `none` only when the workflow knows nothing was done
+    # (the downstream refused, or the request never left). Unknown makes the key uncertain.
+    effect: service.Effect = "unknown"
+
+
+KeyPath = Annotated[str, Path(min_length=1, max_length=255)]
+
+
+def claims_router(
+    settings: Settings,
+    engine: Callable[[], AsyncEngine],
+    database: Callable[[Any], Any],
+    throttle: FailureThrottle,
+) -> APIRouter:
+    """The claims endpoints; `database(awaitable)` maps an outage to a 503."""
+
+    if not settings.claims_token:
+        log.warning(
+            "receiver.claims_token_unset",
+            detail="the claims API and event look-ups serve clients on this machine only;"
+            " set CLAIMS_TOKEN to serve workflows elsewhere",
+        )
+
+    def authorize(request: Request) -> None:
+        require_token_or_loopback(request, settings.claims_token, throttle, "claims")
+
+    router = APIRouter(
+        prefix="/v1/claims",
+        tags=["claims"],
+        dependencies=[Depends(authorize)],
+        responses={
+            409: json_response(
+                "in_progress (wait Retry-After), lease_lost, finished, or not_a_claim_key"
+            ),
+            **problem_responses(400, 401, 403, 413, 422, 429, 503),
+        },
+    )
+    ttl_seconds = settings.claims_ttl_days * 86_400
+
+    @router.post(
+        "", status_code=201, responses={200: json_response("already_succeeded: the stored result")}
+    )
+    async def claim(body: ClaimRequest) -> JSONResponse:
+        """Claim a key before acting: 201 claimed, 200 already_succeeded, 409 in_progress."""
+        correlation_id = body.correlation_id or uuid.uuid4().hex
+        outcome = await database(
+            service.claim(
+                engine(),
+                body.key,
+                payload_hash=None if body.payload is None else keys.payload_hash(body.payload),
+                payload=body.payload,
+                correlation_id=correlation_id,
+                workflow=body.workflow,
+                lease_seconds=body.lease_seconds or settings.lease_seconds,
+                ttl_seconds=ttl_seconds,
+            )
+        )
+        bound = log.bind(key=keys.mask_key(body.key), correlation_id=correlation_id)
+        match outcome:
+            case service.Claimed():
+                bound.info(
+                    "claim.claimed",
+                    reclaimed=outcome.reclaimed,
+                    uncertain=outcome.uncertain,
+                    attempt=outcome.attempt,
+                    transition="-> processing",
+                )
+                return JSONResponse(
+                    {
+                        "status": "claimed",
+                        "key": body.key,
+                        "lease_token": outcome.lease_token,
+                        "locked_until": outcome.locked_until.isoformat(),
+                        "correlation_id": outcome.correlation_id,
+                        "reclaimed": outcome.reclaimed,
+                        "uncertain": outcome.uncertain,
+                        "attempt": outcome.attempt,
+                        "previous_error_code": outcome.previous_error_code,
+                    },
+                    status_code=201,
+                )
+            case service.AlreadySucceeded():
+                bound.info("claim.already_succeeded")
+                return JSONResponse(
+                    {
+                        "status": "already_succeeded",
+                        "key": body.key,
+                        "result": outcome.result,
+                        "external_ref": outcome.external_ref,
+                        "correlation_id": outcome.correlation_id,
+                    },
+                    status_code=200,
+                    headers={"Idempotent-Replayed": "true"},
+                )
+            case service.InProgress():
+                return JSONResponse(
+                    {"status": "in_progress", "key": body.key, "retry_after": outcome.retry_after},
+                    status_code=409,
+                    headers={"Retry-After": str(outcome.retry_after)},
+                )
+            case service.PayloadMismatch():
+                raise Problem(
+                    422,
+                    "idempotency_key_reused",
+                    "This key was first claimed with a different payload.",
+                    key=body.key,
+                )
+            case service.NotAClaimKey():
+                raise Problem(
+                    409,
+                    "not_a_claim_key",
+                    "This key was created by an event; the gateway's worker acts on it.",
+                    key=body.key,
+                )
+            case service.Finished():
+                return JSONResponse(
+                    {"status": outcome.status, "key": body.key, "error_code": outcome.error_code},
+                    status_code=409,
+                )
+            case _:
+                assert_never(outcome)
+
+    @router.post("/{key}/heartbeat")
+    async def heartbeat(key: KeyPath, body: HeartbeatRequest) -> JSONResponse:
+        """Extend the lease while the side effect runs."""
+        until = await database(
+            service.heartbeat(
+                engine(), key, body.lease_token, body.lease_seconds or settings.lease_seconds
+            )
+        )
+        if until is None:
+            return _lease_lost(key)
+        return JSONResponse({"status": "claimed", "key": key, "locked_until": until.isoformat()})
+
+    @router.post("/{key}/complete")
+    async def complete(key: KeyPath, body: CompleteRequest) -> JSONResponse:
+        """Record the side effect's result; every later claim gets it back."""
+        done = await database(
+            service.complete(engine(), key, body.lease_token, body.result, body.external_ref)
+        )
+        if not done:
+            return _lease_lost(key)
+        log.info("claim.completed", key=keys.mask_key(key), transition="processing -> succeeded")
+        return JSONResponse({"status": "succeeded", "key": key, "external_ref": body.external_ref})
+
+    @router.post("/{key}/fail")
+    async def fail(key: KeyPath, body: FailRequest) -> JSONResponse:
+        """Record a failure: retryable frees the key for the next claim; otherwise a dead
+        letter is written for an operator."""
+        done = await database(
+            service.fail(
+                engine(),
+                key,
+                body.lease_token,
+                error_code=body.error_code,
+                retryable=body.retryable,
+                detail=body.detail,
+                effect=body.effect,
+            )
+        )
+        if not done:
+            return _lease_lost(key)
+        status = "failed_retryable" if body.retryable else "failed_final"
+        log.info(
+            "claim.failed",
+            key=keys.mask_key(key),
+            error_code=body.error_code,
+            effect=body.effect,
+            transition=f"processing -> {status}",
+        )
+        return JSONResponse({"status": status, "key": key})
+
+    return router
+
+
+def _lease_lost(key: str) -> JSONResponse:
+    return JSONResponse(
+        {
+            "status": "lease_lost",
+            "key": key,
+            "detail": "This lease token no longer holds the key; nothing was changed.",
+        },
+        status_code=409,
+    )

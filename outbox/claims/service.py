@@ -1,0 +1,252 @@
+"""The claims API's store: a workflow claims a key, acts itself, then completes or fails it.
+
+Same table, same states, same statements and the same fence as the gateway's worker
+(`outbox.store.lifecycle`), with one difference decided when the key is created: a key created here
+belongs to the workflow (`actor = 'workflow'`), and a key created by an event belongs to the
+worker. Neither side can claim, finish or re-drive the other's keys.
+
+The lease token a caller gets is `<fence>.<128 random bits>`: both parts are checked in the same
+WHERE of every later write, so a stale holder, or someone who knows only the number, changes
+nothing. Each function ends in one closed outcome; each statement it sends is one atomic step,
+committed by itself (the receiver's engine is in autocommit), and `claim` handles a key purged
+between its statements.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from outbox.core.redaction import redact
+from outbox.store import lifecycle
+
+MAX_DETAIL_CHARS = 2048
+# What a workflow says of the effect when it fails: `none` only when it knows nothing was done.
+Effect = Literal["none", "unknown"]
+
+
+@dataclass(frozen=True)
+class Claimed:
+    lease_token: str
+    locked_until: datetime
+    correlation_id: str
+    attempt: int
+    # The previous holder's lease expired: it may have acted.
+    reclaimed: bool
+    # An earlier attempt may have had its effect: look it up before acting.
+    uncertain: bool
+    previous_error_code: str | None
+
+
+@dataclass(frozen=True)
+class AlreadySucceeded:
+    result: Any
+    external_ref: str | None
+    correlation_id: str
+
+
+@dataclass(frozen=True)
+class InProgress:
+    retry_after: int
+
+
+@dataclass(frozen=True)
+class PayloadMismatch:
+    pass
+
+
+@dataclass(frozen=True)
+class NotAClaimKey:
+    """The key was created by an event: the gateway's worker acts on it, not a workflow."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The key ended without success (failed_final or quarantined): an operator decides."""
+
+    status: str
+    error_code: str | None
+
+
+ClaimOutcome = Claimed | AlreadySucceeded | InProgress | PayloadMismatch | NotAClaimKey | Finished
+
+
+def _lease_token(fence: int, token: str) -> str:
+    return f"{fence}.{token}"
+
+
+def _parse_lease_token(lease_token: str) -> tuple[int, str] | None:
+    fence, _, token = lease_token.partition(".")
+    if not fence.isdigit() or len(fence) > 18 or not token:
+        return None
+    return int(fence), token
+
+
+async def claim(
+    engine: AsyncEngine,
+    key: str,
+    *,
+    payload_hash: str | None,
+    payload: Any,
+    correlation_id: str,
+    workflow: str | None,
+    lease_seconds: float,
+    ttl_seconds: float,
+) -> ClaimOutcome:
+    """Claim `key` for this caller, or say why not."""
+    token = lifecycle.new_lease_token()
+    async with engine.begin() as conn:
+        created = (
+            (
+                await conn.execute(
+                    lifecycle.CLAIM_NEW_KEY,
+                    {
+                        "key": key,
+                        "token": token,
+                        "lease_seconds": lease_seconds,
+                        # A key first claimed without a payload is bound to "no payload".
+                        "payload_hash": payload_hash or _NO_PAYLOAD_HASH,
+                        "payload": json.dumps(payload, ensure_ascii=False, allow_nan=False),
+                        "correlation_id": correlation_id,
+                        "workflow": workflow,
+                        "ttl_seconds": ttl_seconds,
+                    },
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if created is not None:
+            return Claimed(
+                _lease_token(created["fence"], token),
+                created["locked_until"],
+                created["correlation_id"],
+                1,
+                reclaimed=False,
+                uncertain=False,
+                previous_error_code=None,
+            )
+        taken = (
+            (
+                await conn.execute(
+                    lifecycle.CLAIM_KEY,
+                    {
+                        "key": key,
+                        "actor": lifecycle.Actor.WORKFLOW.value,
+                        "payload_hash": payload_hash,
+                        "token": token,
+                        "owner": workflow,
+                        "lease_seconds": lease_seconds,
+                    },
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if taken is not None:
+            return Claimed(
+                _lease_token(taken["fence"], token),
+                taken["locked_until"],
+                taken["correlation_id"],
+                taken["attempts"],
+                reclaimed=taken["previous_status"] == "processing",
+                uncertain=taken["uncertain"],
+                previous_error_code=taken["previous_error_code"],
+            )
+        state = (
+            (await conn.execute(lifecycle.KEY_STATE, {"key": key, "payload_hash": payload_hash}))
+            .mappings()
+            .first()
+        )
+    if state is None:  # purged between the statements; the caller may simply try again
+        return InProgress(retry_after=1)
+    if state["actor"] != lifecycle.Actor.WORKFLOW:
+        return NotAClaimKey()
+    if state["payload_differs"]:
+        return PayloadMismatch()
+    if state["status"] == "succeeded":
+        return AlreadySucceeded(state["result"], state["external_ref"], state["correlation_id"])
+    if state["status"] in ("failed_final", "quarantined"):
+        return Finished(state["status"], state["error_code"])
+    return InProgress(retry_after=max(1, int(state["lease_remaining"] or 1)))
+
+
+async def _fenced(
+    engine: AsyncEngine, statement: Any, key: str, lease_token: str, params: dict[str, Any]
+) -> Any:
+    """Run a write that names the key's fence and token; its first row, None when stale."""
+    parsed = _parse_lease_token(lease_token)
+    if parsed is None:
+        return None
+    fence, token = parsed
+    async with engine.begin() as conn:
+        return (
+            (await conn.execute(statement, {"key": key, "fence": fence, "token": token, **params}))
+            .mappings()
+            .first()
+        )
+
+
+async def heartbeat(
+    engine: AsyncEngine, key: str, lease_token: str, lease_seconds: float
+) -> datetime | None:
+    """Extend the lease; None when the token no longer holds the key."""
+    row = await _fenced(
+        engine, lifecycle.RENEW_LEASE, key, lease_token, {"lease_seconds": lease_seconds}
+    )
+    return None if row is None else row["locked_until"]
+
+
+async def complete(
+    engine: AsyncEngine, key: str, lease_token: str, result: Any, external_ref: str | None
+) -> bool:
+    """Record success; False when the token no longer holds the key."""
+    row = await _fenced(
+        engine,
+        lifecycle.SUCCEED,
+        key,
+        lease_token,
+        {
+            "external_ref": external_ref,
+            "result": json.dumps(result, ensure_ascii=False, allow_nan=False),
+        },
+    )
+    return row is not None
+
+
+async def fail(
+    engine: AsyncEngine,
+    key: str,
+    lease_token: str,
+    *,
+    error_code: str,
+    retryable: bool,
+    detail: str,
+    effect: Effect,
+) -> bool:
+    """Record a failure (a dead letter when not retryable); False for a stale token.
+
+    Unless the workflow says the effect is absent, the key becomes uncertain: the next claim
+    answers `uncertain: true` and the workflow looks before acting again.
+    """
+    params: dict[str, Any] = {
+        "error_code": error_code,
+        "error_detail": redact(detail)[:MAX_DETAIL_CHARS],
+        "uncertain": effect == "unknown",
+        "reconciled_absent": False,
+    }
+    if retryable:
+        statement = lifecycle.SCHEDULE_RETRY
+        params.update(delay_seconds=0, task_name="")
+    else:
+        statement = lifecycle.FAIL_FINAL
+        params.update(kind="permanent", final_status="failed_final")
+    row = await _fenced(engine, statement, key, lease_token, params)
+    return row is not None
+
+
+_NO_PAYLOAD_HASH = "no-payload"

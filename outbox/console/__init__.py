@@ -1,5 +1,0 @@
-"""The operator console: server-rendered pages for dead letters, replays, stats and keys."""
-
-from outbox.console.views import console_router
-
-__all__ = ["console_router"]

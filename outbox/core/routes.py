@@ -1,0 +1,323 @@
+"""Routes: which action protects which event type, read from a TOML file.
+
+An event type matches a route exactly or by glob (`crm.*`); exact routes win, then globs in
+file order. The receiver resolves the route at accept time (its TTL sets `expires_at`, and an
+event no route accepts is refused before anything is stored); the worker runs its action.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import fnmatch
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from outbox.core.keys import normalize_text
+
+DAY = 86_400
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _is_glob(pattern: str) -> bool:
+    return any(ch in pattern for ch in "*?[")
+
+
+STANDARD_PREFIX = "whsec_"
+"""A Standard Webhooks secret's prefix; the source checks its secrets decode at load."""
+
+
+def standard_key(secret: str) -> bytes:
+    """The key bytes of a Standard Webhooks secret (`whsec_` + base64; the prefix optional).
+
+    Raises ValueError when the rest is not base64, so a mistyped secret fails at start-up."""
+    try:
+        return base64.b64decode(secret.removeprefix(STANDARD_PREFIX), validate=True)
+    except binascii.Error as error:
+        raise ValueError("a `standard` secret is whsec_ followed by base64") from error
+
+
+class RoutesError(Exception):
+    """The routes file is missing, unreadable or invalid; the message says where."""
+
+
+class Route(BaseModel):
+    """One `[[routes]]` table of the routes file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    match: Annotated[str, Field(min_length=1)]
+    name: str = ""
+    action: Literal["noop", "http", "python"]
+    # Keys live 30 days by default: longer than any provider's redelivery window we know of.
+    ttl_days: float = Field(default=30, gt=0)
+    # External ids keep their case (Stripe ids are case-sensitive); e-mail routes may fold it.
+    fold_external_id_case: bool = False
+
+    # `http` action.
+    url: str | None = None
+    method: Literal["POST", "PUT", "PATCH"] = "POST"
+    headers: dict[str, str] = Field(default_factory=dict)
+    connect_timeout_seconds: float = Field(default=5.0, gt=0)
+    read_timeout_seconds: float = Field(default=10.0, gt=0)
+    # RFC 6901 pointer into the response JSON naming the downstream's id for the effect.
+    external_ref_pointer: str | None = None
+    # Asked before acting again after an uncertain outcome: a GET whose 200 means "the effect
+    # exists" and 404 "it does not". `{key}` and `{external_id}` are filled in, URL-encoded.
+    reconcile_url: str | None = None
+    # Where the reference is in the reconcile answer; defaults to external_ref_pointer.
+    reconcile_external_ref_pointer: str | None = None
+
+    # The hard limit of one attempt's action, whatever the action: past it the attempt is
+    # uncertain, its lease is given up and its late result is fenced out. Unset: three leases
+    # (LEASE_SECONDS x 3), long enough for any call the lease keeper renews for, short enough
+    # that a hung action frees its key within minutes.
+    timeout_seconds: float | None = Field(default=None, gt=0)
+
+    # `python` action: "package.module:function".
+    function: str | None = None
+    # An exception the function did not raise on purpose: retried (a blip) or not (a bug).
+    unexpected_error: Literal["transient", "permanent"] = "transient"
+
+    # Who may trigger this route: source names (case does not matter). Unset: any source.
+    sources: list[Annotated[str, Field(min_length=1)]] | None = None
+
+    # Contract: events that break it are accepted, quarantined and never acted on.
+    required_fields: list[str] = Field(default_factory=list)
+    schema_file: Path | None = None
+
+    # Retry budget for transient failures.
+    max_attempts: int = Field(default=8, ge=1)
+    backoff_base_seconds: float = Field(default=1.0, gt=0)
+    backoff_cap_seconds: float = Field(default=300.0, gt=0)
+    # Stop retrying an hour after the first failure: past that, a person should look.
+    retry_deadline_seconds: float = Field(default=3600.0, gt=0)
+
+    # Protecting the downstream (see docs/architecture.md, "Routes under load"), shared by every
+    # worker process and machine through PostgreSQL. Unset limits mean none.
+    # Attempts running at once for this route, across all workers.
+    max_in_flight: int | None = Field(default=None, ge=1, le=1000)
+    # Requests per second, evenly spaced; `burst` of them may go at once after a quiet spell.
+    rate_per_second: float | None = Field(default=None, gt=0, le=10_000)
+    burst: int = Field(default=1, ge=1, le=10_000)
+    # The circuit breaker: opens after this many transient failures in a row (or at once on a
+    # 429/503 whose Retry-After is longer than backoff_cap_seconds), waits the cool-down, then
+    # lets one probe through; each failed probe doubles the cool-down up to the cap. Five in a
+    # row is rare for a healthy downstream and costs little when it is down.
+    circuit_failure_threshold: int = Field(default=5, ge=1)
+    # Ten seconds: short enough that a blip is over in one probe, long enough to spare a
+    # downstream that is restarting; five minutes at most, like the backoff cap.
+    circuit_cooldown_seconds: float = Field(default=10.0, gt=0)
+    circuit_cooldown_cap_seconds: float = Field(default=300.0, gt=0)
+
+    @field_validator("sources")
+    @classmethod
+    def _normalized_sources(cls, names: list[str] | None) -> list[str] | None:
+        return None if names is None else [normalize_text(name).casefold() for name in names]
+
+    @model_validator(mode="after")
+    def _action_has_its_settings(self) -> Route:
+        if self.action == "http" and not self.url:
+            raise ValueError("an http route needs `url`")
+        if self.action == "python" and (not self.function or ":" not in self.function):
+            raise ValueError('a python route needs `function = "package.module:function"`')
+        for pointer in (self.external_ref_pointer, self.reconcile_external_ref_pointer):
+            if pointer is not None and not (pointer == "" or pointer.startswith("/")):
+                raise ValueError('`external_ref_pointer` is a JSON pointer such as "/id"')
+        if self.reconcile_url is not None and self.action != "http":
+            raise ValueError("`reconcile_url` belongs to an http route")
+        if self.circuit_cooldown_cap_seconds < self.circuit_cooldown_seconds:
+            raise ValueError("`circuit_cooldown_cap_seconds` must be >= `circuit_cooldown_seconds`")
+        if self.schema_file is not None and not self.schema_file.is_file():
+            raise ValueError(f"`schema_file` {self.schema_file} does not exist")
+        return self
+
+    @property
+    def action_timeout_seconds(self) -> float:
+        """The longest an http call can take (connect plus read); 0 for other actions."""
+        if self.action != "http":
+            return 0.0
+        return self.connect_timeout_seconds + self.read_timeout_seconds
+
+    @property
+    def label(self) -> str:
+        """The name logs and metrics use: the given name, else the match pattern."""
+        return self.name or self.match
+
+    @property
+    def ttl_seconds(self) -> float:
+        return self.ttl_days * DAY
+
+    def allows(self, source: str) -> bool:
+        """Whether an event of the (normalized) `source` may trigger this route."""
+        return self.sources is None or source in self.sources
+
+
+SchemeName = Literal["hmac", "standard", "stripe", "github", "shopify"]
+
+# Where each scheme's providers put the event id and type, unless the source says otherwise.
+SCHEME_FIELDS: dict[str, tuple[str, str]] = {
+    "hmac": ("/id", "/type"),
+    "standard": ("header:webhook-id", "/type"),
+    "stripe": ("/id", "/type"),
+    "github": ("header:X-GitHub-Delivery", "header:X-GitHub-Event"),
+    "shopify": ("header:X-Shopify-Webhook-Id", "header:X-Shopify-Topic"),
+}
+_HEADER = "header:"
+
+
+def _check_location(value: str | None, name: str) -> None:
+    """A field's place: a JSON pointer into the body ("/data/id") or a header ("header:NAME")."""
+    if value is None or value.startswith("/"):
+        return
+    if value.startswith(_HEADER) and value[len(_HEADER) :].strip():
+        return
+    raise ValueError(f'`{name}` is a JSON pointer such as "/id" or "header:NAME"')
+
+
+class Source(BaseModel):
+    """A `[[sources]]` table: a webhook source that must sign its requests, and where its
+    events' id and type are when it posts to `/v1/webhooks/{name}`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(min_length=1)]
+    scheme: SchemeName = "hmac"
+    # One secret, or several (a rotation: every one is accepted until it is removed).
+    secret: Annotated[str, Field(min_length=16)] | None = None
+    secrets: list[Annotated[str, Field(min_length=16)]] = Field(default_factory=list)
+    # `hmac` only: the header names.
+    signature_header: str = "X-Idem-Signature"
+    timestamp_header: str = "X-Idem-Timestamp"
+    # Unset: SIGNATURE_TOLERANCE_SECONDS.
+    tolerance_seconds: int | None = Field(default=None, ge=1)
+    # `/v1/webhooks/{name}`: JSON pointers into the body, or "header:NAME".
+    event_id: str | None = None
+    event_type: str | None = None
+    external_id: str | None = None  # default: the event id
+    version: str | None = None
+
+    @model_validator(mode="after")
+    def _signs_and_locates(self) -> Source:
+        if not self.all_secrets:
+            raise ValueError("a source needs `secret` or `secrets`")
+        if self.scheme != "hmac" and (
+            self.signature_header != "X-Idem-Signature"
+            or self.timestamp_header != "X-Idem-Timestamp"
+        ):
+            raise ValueError("only an `hmac` source names its own signature headers")
+        for name in ("event_id", "event_type", "external_id", "version"):
+            _check_location(getattr(self, name), name)
+        if self.scheme == "standard":
+            for secret in self.all_secrets:
+                standard_key(secret)
+        return self
+
+    @property
+    def key(self) -> str:
+        """The normalized name events and routes refer to."""
+        return normalize_text(self.name).casefold()
+
+    @property
+    def all_secrets(self) -> tuple[str, ...]:
+        found = ([self.secret] if self.secret else []) + self.secrets
+        return tuple(dict.fromkeys(found))
+
+    @property
+    def event_id_at(self) -> str:
+        return self.event_id or SCHEME_FIELDS[self.scheme][0]
+
+    @property
+    def event_type_at(self) -> str:
+        return self.event_type or SCHEME_FIELDS[self.scheme][1]
+
+
+class RoutesFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    routes: list[Route] = Field(min_length=1)
+    sources: list[Source] = Field(default_factory=list)
+
+
+class RouteTable:
+    """The loaded routes, answering which route an event type takes."""
+
+    def __init__(self, routes: list[Route], sources: list[Source] | None = None) -> None:
+        self.routes = routes
+        self.sources = {s.key: s for s in sources or []}
+        self._exact = {r.match.casefold(): r for r in reversed(routes) if not _is_glob(r.match)}
+        self._globs = [r for r in routes if _is_glob(r.match)]
+        self._by_label = {r.label: r for r in reversed(routes)}
+
+    def resolve(self, event_type: str) -> Route | None:
+        """The route for a normalized event type, or None when no route accepts it."""
+        exact = self._exact.get(event_type)
+        if exact is not None:
+            return exact
+        for route in self._globs:
+            if fnmatch.fnmatchcase(event_type, route.match.casefold()):
+                return route
+        return None
+
+    def by_label(self, label: str) -> Route | None:
+        """The route an accepted key was stored with (keys remember the route's label)."""
+        return self._by_label.get(label)
+
+
+DEFAULT_ROUTES = RouteTable([Route(match="*", name="default-noop", action="noop")])
+
+
+def load_routes(path: Path | None) -> RouteTable:
+    """Read and check a routes file; with no file every event type goes to `noop`."""
+    if path is None:
+        return DEFAULT_ROUTES
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise RoutesError(f"cannot read routes file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise RoutesError(f"routes file {path} is not UTF-8: {exc.reason}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise RoutesError(f"routes file {path} is not valid TOML: {exc}") from exc
+    try:
+        expanded = _expand_env(raw)
+    except RoutesError as exc:
+        raise RoutesError(f"routes file {path}: {exc}") from exc
+    try:
+        parsed = RoutesFile.model_validate(expanded)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise RoutesError(f"routes file {path} is invalid: {problems}") from exc
+    return RouteTable(parsed.routes, parsed.sources)
+
+
+def _expand_env(value: Any) -> Any:
+    """Replace `${NAME}` in strings with the environment's value, so secrets stay out of files."""
+    if isinstance(value, str):
+
+        def substitute(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise RoutesError(f"${{{name}}} is referred to but not set in the environment")
+            return os.environ[name]
+
+        return _ENV_REFERENCE.sub(substitute, value)
+    if isinstance(value, dict):
+        return {k: _expand_env(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v) for v in value]
+    return value

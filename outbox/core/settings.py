@@ -1,0 +1,158 @@
+"""Configuration from the environment, built by a factory so tests can point at their own servers.
+
+Every knob has a default that runs on a laptop; the README's "Configuration" table lists them.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """The gateway's settings; environment variables are the upper-case field names."""
+
+    model_config = SettingsConfigDict(env_file=None, extra="ignore", frozen=True)
+
+    # Where state lives. Empty means "start embedded servers" under `idem dev`.
+    database_url: str = ""
+    redis_url: str = ""
+    data_dir: Path = Path(".idem")
+
+    routes_file: Path | None = None
+
+    # The receiver.
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # 1 MiB: large enough for any webhook body we have seen, small enough to refuse abuse early.
+    max_body_bytes: int = Field(default=1_048_576, gt=0)
+    # Told to callers in Retry-After when the database is unreachable.
+    unavailable_retry_after: int = Field(default=2, ge=1)
+    # A request never waits longer than this for a connection or a statement, so a dead
+    # database yields a quick 503 instead of a hang.
+    db_timeout_seconds: float = Field(default=3.0, gt=0)
+    # The receiver's connections, all opened on demand and kept: a fixed pool, because
+    # connections opened for a burst and closed after it cost a server process each.
+    db_pool_size: int = Field(default=20, ge=1)
+
+    # The relay. Polling is the fallback for a lost NOTIFY; one second bounds the extra latency.
+    relay_poll_seconds: float = Field(default=1.0, gt=0)
+    # Rows locked and published per transaction: large enough to amortise the round trips,
+    # small enough that a crash re-publishes little.
+    relay_batch_size: int = Field(default=500, ge=1, le=10_000)
+    # How long a relay holds the rows it took before another relay may take them: far above
+    # one publish (bounded by broker_timeout_seconds), short enough that rows of a relay
+    # killed mid-publish wait half a minute, not until someone notices.
+    relay_claim_seconds: float = Field(default=30.0, gt=0)
+    # Pacing: once the rows a relay takes have waited longer than relay_backlog_age_seconds
+    # (a backlog after an outage, not fresh events), it publishes at most relay_backlog_rate
+    # rows per second and leaves the rest of the CPU to the receivers. Workers take a few
+    # hundred events per second per host, so a faster drain only moves the backlog from the
+    # database into Redis. 0 publishes as fast as the relay can.
+    relay_backlog_rate: float = Field(default=2000.0, ge=0)
+    relay_backlog_age_seconds: float = Field(default=5.0, ge=0)
+    # A publish (socket connect, send, answer) never waits longer than this for the broker;
+    # then the relay backs off and the rows stay due.
+    broker_timeout_seconds: float = Field(default=5.0, gt=0)
+
+    # The worker. A lease long enough for a slow CRM call, short enough that a crashed
+    # worker's key is recovered within a minute.
+    lease_seconds: int = Field(default=30, ge=1)
+    # How a worker runs attempts. `threads`: many attempts in flight per process, for actions
+    # that spend their time waiting on a downstream (http); `prefork`: one process per attempt,
+    # for python actions that need process isolation (a crash takes only its own attempt).
+    worker_pool: Literal["threads", "prefork"] = "threads"
+    # Attempts in flight per worker: threads per process, or processes under prefork. Unset:
+    # 128 threads (a 1 s downstream then allows ~128 attempts/s per process; the database
+    # pool does not grow with it), or 2 processes.
+    worker_concurrency: int | None = Field(default=None, ge=1)
+    # Connections each worker process (each prefork child) keeps for claims, finishes and lease
+    # renewals: statements of about a millisecond, so a few serve dozens of attempts in flight.
+    worker_db_pool_size: int = Field(default=4, ge=1, le=50)
+    # How long the broker keeps an unacknowledged message before giving it to another
+    # worker; far above any lease so a running task is not handed out twice by Redis.
+    visibility_timeout: int = Field(default=3600, ge=1)
+    # Celery task events (task-received, -started, -succeeded) sent by every worker from the
+    # start. Off by default: each is a synchronous PUBLISH in the worker's main process, about a
+    # third of its CPU per task. Flower turns them on by itself while it runs (its
+    # enable_events option), so watching the workers needs nothing here.
+    worker_task_events: bool = False
+
+    # The sweeper: how often it looks, and how long a key may wait on a published message
+    # before the message is presumed lost (Redis restarted or flushed) and re-sent. Longer
+    # than a busy queue's wait, short enough that a lost message costs a minute, not a day.
+    sweep_interval_seconds: float = Field(default=5.0, gt=0)
+    sweep_grace_seconds: float = Field(default=60.0, ge=0)
+    sweep_batch_size: int = Field(default=500, ge=1)
+
+    # Keys older than their route's TTL are purged by the sweeper; published outbox rows are
+    # kept this long (a week answers "was it sent, and when?").
+    outbox_retention_seconds: float = Field(default=7 * 86_400, ge=0)
+
+    # Keys created through the claims API live this long (like a route's ttl_days).
+    claims_ttl_days: float = Field(default=30, gt=0)
+
+    # Signed webhooks: per-source HMAC-SHA256 secrets as "source=secret,source2=secret2"
+    # (the routes file's [[sources]] tables may set them too, with their own header names).
+    webhook_secrets: str = ""
+    # Refuse events from sources that have no secret (instead of accepting them unsigned).
+    require_signed_webhooks: bool = False
+    # How far a signature's timestamp may be from now: bounds replays of a captured request.
+    signature_tolerance_seconds: int = Field(default=300, ge=1)
+
+    # The claims API's bearer token (workflows send it; it also lets them read GET
+    # /v1/events/{key}). Unset: only clients on this machine are served.
+    claims_token: str = ""
+
+    # The operator API's bearer token. Unset: the operator endpoints answer 503 (never open).
+    # At least 32 characters (outbox/core/tokens.py), or the processes refuse to start.
+    operator_token: str = ""
+    # Signs replay confirm tokens (HMAC), so only a dry run can issue one. Unset: derived from
+    # operator_token. The same value on every receiver and wherever `idem replay` runs.
+    replay_secret: str = ""
+    # The bearer token of the receiver's /metrics. Unset: /metrics answers loopback clients only.
+    metrics_token: str = ""
+    # Failed bearer tokens and console sign-ins allowed per client address within the window,
+    # then 429 until the oldest leaves it: a handful of typos pass, guessing does not.
+    auth_failure_limit: int = Field(default=10, ge=1)
+    auth_failure_window_seconds: float = Field(default=300.0, gt=0)
+    # /docs, /redoc and /openapi.json: off in production (they map the attack surface), on
+    # under `idem dev`.
+    api_docs: bool = False
+    # Worker metrics (Prometheus) are served on this port by the worker's main process.
+    worker_metrics_port: int = Field(default=9808, ge=0)
+
+    # The relay and the sweeper touch this file on every turn of their loop; `idem alive`
+    # checks that it is recent (container healthchecks). Unset: no file.
+    heartbeat_file: Path | None = None
+
+    log_format: Literal["json", "console"] = "json"
+    log_level: str = "INFO"
+
+    def concurrency(self) -> int:
+        """Attempts in flight per worker, by pool."""
+        if self.worker_concurrency is not None:
+            return self.worker_concurrency
+        return 128 if self.worker_pool == "threads" else 2
+
+    def sqlalchemy_url(self) -> str:
+        """The database URL with the psycopg 3 driver named, whatever form it was given in."""
+        return sqlalchemy_url(self.database_url)
+
+
+def sqlalchemy_url(url: str) -> str:
+    """Accept `postgres://`, `postgresql://` or a full SQLAlchemy URL and name psycopg 3."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read from the environment once, on first use."""
+    return Settings()

@@ -1,0 +1,14 @@
+"""What the relay and the worker agree on over the broker: the task's name and its queue.
+
+Both are wire format: messages already in Redis name them, so renaming either strands those
+messages. The relay publishes by name (it never imports `worker`); the worker registers the
+task under the same name and consumes the same queue.
+"""
+
+from __future__ import annotations
+
+PROCESS_TASK = "idem.process"
+"""The Celery task the relay publishes; the worker registers it under this name."""
+
+TASK_QUEUE = "idem"
+"""The one queue workers consume; the relay and the worker both name it."""

@@ -1,0 +1,92 @@
+"""The answer to an accepted request, the same for an envelope and a provider's webhook:
+202 for a new event, the first answer for a repeat (`Idempotent-Replayed: true`), 422 for a key
+reused with another payload. One log line and one metric per request."""
+
+from __future__ import annotations
+
+from typing import assert_never
+
+from fastapi.responses import JSONResponse
+
+from outbox.core import keys
+from outbox.core.logs import get_logger
+from outbox.core.problems import Problem
+from outbox.ingest import intake
+from outbox.ingest.metrics import EventCounters
+
+log = get_logger(__name__)
+
+TERMINAL_STATUSES = frozenset({"succeeded", "failed_final", "quarantined"})
+
+
+def respond(
+    outcome: intake.Outcome,
+    event: intake.NewEvent,
+    metrics: EventCounters,
+    *,
+    repeat_status: int | None = None,
+) -> JSONResponse:
+    """Render `outcome`. A repeat answers 200 once the event finished and 202 while it is in
+    flight, unless `repeat_status` fixes it (providers are told 200 for every repeat)."""
+    key, event_type = event.key, event.event_type
+    bound = log.bind(
+        key=keys.mask_key(key), event_type=event_type, correlation_id=event.correlation_id
+    )
+    match outcome:
+        case intake.Accepted():
+            if outcome.status == "quarantined":
+                metrics.quarantined.inc()
+                bound.warning(
+                    "event.quarantined",
+                    transition="-> quarantined",
+                    route=event.route,
+                    violations=list(event.contract_violations),
+                )
+            else:
+                metrics.accepted.labels(event_type).inc()
+                bound.info("event.accepted", transition="-> pending", route=event.route)
+            return JSONResponse(
+                {
+                    "key": key,
+                    "status": outcome.status,
+                    "duplicate": False,
+                    "correlation_id": outcome.correlation_id,
+                    "event_type": event_type,
+                    "created_at": outcome.created_at.isoformat(),
+                },
+                status_code=202,
+            )
+        case intake.Repeated():
+            metrics.duplicates.inc()
+            bound.info(
+                "event.duplicate",
+                status=outcome.status,
+                original_correlation_id=outcome.correlation_id,
+            )
+            finished = outcome.status in TERMINAL_STATUSES
+            return JSONResponse(
+                {
+                    "key": key,
+                    "status": outcome.status,
+                    "duplicate": True,
+                    "correlation_id": outcome.correlation_id,
+                    "event_type": event_type,
+                    "result": outcome.result,
+                    "external_ref": outcome.external_ref,
+                    "error_code": outcome.error_code,
+                    "attempts": outcome.attempts,
+                },
+                status_code=repeat_status or (200 if finished else 202),
+                headers={"Idempotent-Replayed": "true"},
+            )
+        case intake.PayloadConflict():
+            metrics.conflicts.inc()
+            bound.warning("event.payload_conflict")
+            raise Problem(
+                422,
+                "idempotency_key_reused",
+                "This key was first used with a different payload; nothing was changed.",
+                key=key,
+            )
+        case _:
+            assert_never(outcome)

@@ -1,0 +1,121 @@
+"""Accepting an event: the receiver's store. One statement per request, one closed outcome.
+
+The request is a small state machine (see rocket-rides-atomic): one statement reserves the key
+with the event and its outbox row, or counts a repeat of the same payload and returns the key's
+state; only when it returns nothing does a second look tell a payload conflict from a key purged
+in between (then the loop tries again). The receiver's engine commits each statement by itself
+(`create_receiver_engine`), so a new event costs one round trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from outbox.core.wire import PROCESS_TASK
+from outbox.store import ingest as sql
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    key: str
+    payload_hash: str
+    correlation_id: str
+    source: str
+    event_type: str
+    external_id: str
+    version: str | None
+    # The payload's JSON text (canonical: the same text its hash was taken over).
+    payload_json: str
+    route: str
+    ttl_seconds: float
+    workflow_name: str | None
+    execution_id: str | None
+    # Why the event breaks its route's contract; empty when it keeps it.
+    contract_violations: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The key was new: event and outbox row are committed."""
+
+    key: str
+    correlation_id: str
+    created_at: datetime
+    status: str
+
+
+@dataclass(frozen=True)
+class Repeated:
+    """The key was known with the same payload: the caller gets its current state."""
+
+    key: str
+    status: str
+    correlation_id: str
+    result: Any
+    external_ref: str | None
+    error_code: str | None
+    attempts: int
+
+
+@dataclass(frozen=True)
+class PayloadConflict:
+    """The key was known with another payload: nothing changed."""
+
+    key: str
+
+
+Outcome = Accepted | Repeated | PayloadConflict
+
+
+async def accept(engine: AsyncEngine, event: NewEvent) -> Outcome:
+    """Store a new event atomically, or describe the existing key."""
+    params = {
+        "key": event.key,
+        "payload_hash": event.payload_hash,
+        "correlation_id": event.correlation_id,
+        "source": event.source,
+        "event_type": event.event_type,
+        "external_id": event.external_id,
+        "version": event.version,
+        "payload": event.payload_json,
+        "route": event.route,
+        "ttl_seconds": event.ttl_seconds,
+        "workflow_name": event.workflow_name,
+        "execution_id": event.execution_id,
+        "task_name": PROCESS_TASK,
+    }
+    reserve = sql.RESERVE_KEY
+    if event.contract_violations:
+        reserve = sql.RESERVE_KEY_QUARANTINED
+        params["error_detail"] = "; ".join(event.contract_violations)[:2048]
+    # Two rounds cover the only race: the key purged between RESERVE_KEY and KEY_EXISTS.
+    for _ in range(2):
+        async with engine.begin() as conn:
+            row = (await conn.execute(reserve, params)).mappings().first()
+            if row is not None and row["inserted"]:
+                return Accepted(event.key, row["correlation_id"], row["created_at"], row["status"])
+            if row is not None:
+                return Repeated(
+                    key=event.key,
+                    status=row["status"],
+                    correlation_id=row["correlation_id"],
+                    result=row["result"],
+                    external_ref=row["external_ref"],
+                    error_code=row["error_code"],
+                    attempts=row["attempts"],
+                )
+            exists = (await conn.execute(sql.KEY_EXISTS, {"key": event.key})).first()
+            if exists is not None:
+                return PayloadConflict(event.key)
+    raise RuntimeError("key vanished twice while being accepted")
+
+
+async def get_key(engine: AsyncEngine, key: str) -> dict[str, Any] | None:
+    """The public view of one key, or None."""
+    async with engine.connect() as conn:
+        row = (await conn.execute(sql.GET_KEY, {"key": key})).mappings().first()
+    return None if row is None else dict(row)

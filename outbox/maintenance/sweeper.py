@@ -1,0 +1,101 @@
+"""The sweeper: recovers keys whose delivery was lost, from the database alone.
+
+The broker can lose a message (Redis restarted without persistence, flushed, a SIGKILLed worker
+whose unacked message waits for the visibility timeout). The database still knows which keys
+wait. Each pass, under an advisory lock so only one sweeper acts at a time:
+
+- keys in `processing` whose lease expired get a new outbox row (`leases_reclaimed`); the next
+  claim takes over with a newer fence and reconciles before acting;
+- keys `pending` or due for a retry that nothing has touched for the grace period, and whose
+  last message was published before it, get a new outbox row (`redriven`);
+- one bounded batch of expired keys (TTL) and old published outbox rows is purged.
+
+A redundant delivery is harmless (the claim refuses it); a missing one would lose the event.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+
+from outbox.core.heartbeat import Heartbeat
+from outbox.core.logs import get_logger
+from outbox.core.settings import Settings
+from outbox.core.wire import PROCESS_TASK
+from outbox.maintenance.purge import purge
+from outbox.store import maintenance as sql
+
+log = get_logger(__name__)
+
+# Any constant shared by every sweeper of this database; "idem" in ASCII.
+SWEEPER_LOCK_ID = 0x6964656D
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    leases_reclaimed: int
+    redriven: int
+    purged_keys: int = 0
+    pruned_outbox_rows: int = 0
+
+
+def sweep_once(engine: Engine, settings: Settings) -> SweepReport | None:
+    """One pass; None when another sweeper holds the lock."""
+    params = {
+        "limit": settings.sweep_batch_size,
+        "grace_seconds": settings.sweep_grace_seconds,
+        "task_name": PROCESS_TASK,
+    }
+    with engine.begin() as conn:
+        if not conn.execute(sql.TRY_SWEEPER_LOCK, {"lock_id": SWEEPER_LOCK_ID}).scalar():
+            return None
+        reclaimed = conn.execute(sql.REDRIVE_EXPIRED_LEASES, params).all()
+        redriven = conn.execute(sql.REDRIVE_STALLED_KEYS, params).all()
+    # One bounded batch of TTL purging per pass, outside the lock's transaction: it never
+    # touches a processing key or one with an open dead letter.
+    purged = purge(
+        engine,
+        dry_run=False,
+        retention_seconds=settings.outbox_retention_seconds,
+        batch=settings.sweep_batch_size,
+        max_batches=1,
+    )
+    return SweepReport(
+        leases_reclaimed=len(reclaimed),
+        redriven=len(redriven),
+        purged_keys=purged.expired_keys,
+        pruned_outbox_rows=purged.published_outbox_rows,
+    )
+
+
+def run_sweeper(settings: Settings, engine: Engine, stop: threading.Event) -> None:
+    """Sweep every `sweep_interval_seconds` until `stop` is set."""
+    log.info(
+        "sweeper.started",
+        interval_seconds=settings.sweep_interval_seconds,
+        grace_seconds=settings.sweep_grace_seconds,
+    )
+    heartbeat = Heartbeat(settings.heartbeat_file)
+    while not stop.is_set():
+        heartbeat.beat()
+        try:
+            report = sweep_once(engine, settings)
+        except Exception as error:
+            log.warning("sweeper.failed", error=type(error).__name__, detail=str(error)[:200])
+        else:
+            if report is not None and (report.leases_reclaimed or report.redriven):
+                log.info(
+                    "sweeper.redrove",
+                    leases_reclaimed=report.leases_reclaimed,
+                    redriven=report.redriven,
+                )
+            if report is not None and (report.purged_keys or report.pruned_outbox_rows):
+                log.info(
+                    "sweeper.purged",
+                    expired_keys=report.purged_keys,
+                    outbox_rows=report.pruned_outbox_rows,
+                )
+        stop.wait(settings.sweep_interval_seconds)
+    log.info("sweeper.stopped")

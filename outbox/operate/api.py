@@ -1,0 +1,209 @@
+"""The operator API: dead letters, replays, stats. Behind a bearer token, never open.
+
+With OPERATOR_TOKEN unset these endpoints answer 503 (disabled), not 200: an unconfigured
+deployment must not expose replay to anyone who can reach it. The token is compared in
+constant time, and wrong tokens are throttled per client address (outbox/core/access.py). The
+stores are synchronous (the CLI runs the same functions); here they run in the thread pool.
+"""
+
+# No `from __future__ import annotations` here: FastAPI must see the dependency objects that
+# the endpoints, defined inside a factory, refer to.
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Body, Depends, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import Engine
+
+from outbox.core.access import FailureThrottle, require_bearer
+from outbox.core.logs import get_logger
+from outbox.core.problems import Problem, problem_responses
+from outbox.core.routes import RouteTable
+from outbox.core.settings import Settings
+from outbox.core.timewindow import parse_instant
+from outbox.operate import deadletters, replay, routestate, stats
+
+log = get_logger(__name__)
+
+
+class PauseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=500)
+
+
+class DiscardRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=500)
+
+
+def operator_router(
+    settings: Settings,
+    routes: RouteTable,
+    engine: Callable[[], Engine],
+    throttle: FailureThrottle | None = None,
+) -> APIRouter:
+    """Routes under /v1 for operators; `engine()` returns the sync engine of the app;
+    `throttle` counts wrong tokens (shared with the console's sign-ins)."""
+    throttle = throttle or FailureThrottle(
+        settings.auth_failure_limit, settings.auth_failure_window_seconds
+    )
+
+    def authorize(
+        request: Request,
+        authorization: Annotated[str | None, Header()] = None,
+        x_operator: Annotated[str | None, Header(max_length=100)] = None,
+    ) -> str:
+        """The operator's name for the audit trail, once the token checks out."""
+        expected = settings.operator_token
+        if not expected:
+            raise Problem(
+                503,
+                "operator_api_disabled",
+                "Set OPERATOR_TOKEN to enable the operator API.",
+            )
+        # `authorization` is declared for the OpenAPI document; the check reads the request.
+        require_bearer(request, expected, throttle, "operator")
+        return x_operator or "api"
+
+    router = APIRouter(
+        prefix="/v1",
+        tags=["operators"],
+        responses=problem_responses(400, 401, 413, 422, 429, 503),
+    )
+    secret = replay.confirm_secret(settings)
+    Operator = Annotated[str, Depends(authorize)]
+
+    @router.get("/dead-letters")
+    async def list_dead_letters(
+        _: Operator,
+        event_type: str | None = None,
+        source: str | None = None,
+        kind: Literal["permanent", "retries_exhausted", "quarantined"] | None = None,
+        status: Literal["open", "replayed", "discarded"] | None = None,
+        since: str | None = Query(None, description="ISO-8601 or relative such as 2h"),
+        until: str | None = None,
+        limit: int = Query(50, ge=1, le=deadletters.MAX_PAGE),
+        cursor: int | None = Query(None, ge=1),
+    ) -> dict[str, Any]:
+        """Dead letters, newest first; pass `next_cursor` back as `cursor` for the next page."""
+        where = deadletters.DeadLetterFilter(
+            event_type=event_type,
+            source=source,
+            kind=kind,
+            status=status,
+            since=_instant("since", since),
+            until=_instant("until", until),
+        )
+        items, next_cursor = await run_in_threadpool(
+            deadletters.list_dead_letters, engine(), where, limit, cursor
+        )
+        return {"items": items, "next_cursor": next_cursor}
+
+    @router.get("/dead-letters/{dead_letter_id}", responses=problem_responses(404))
+    async def show_dead_letter(dead_letter_id: int, _: Operator) -> dict[str, Any]:
+        """The payload (secrets masked), the history of dead letters of its key, the last error."""
+        found = await run_in_threadpool(deadletters.get_dead_letter, engine(), dead_letter_id)
+        if found is None:
+            raise Problem(404, "dead_letter_not_found", "No dead letter has this id.")
+        return found
+
+    @router.post("/dead-letters/{dead_letter_id}/discard", responses=problem_responses(409))
+    async def discard(
+        dead_letter_id: int, body: DiscardRequest, operator: Operator
+    ) -> dict[str, Any]:
+        """Close an open dead letter without replaying it, with a reason for the record."""
+        done = await run_in_threadpool(
+            deadletters.discard_dead_letter, engine(), dead_letter_id, body.reason, operator
+        )
+        if not done:
+            raise Problem(
+                409, "dead_letter_not_open", "This dead letter does not exist or is no longer open."
+            )
+        log.info("dead_letter.discarded", id=dead_letter_id, by=operator)
+        return {"id": dead_letter_id, "status": "discarded"}
+
+    @router.post("/replays", responses=problem_responses(409))
+    async def replays(
+        request: Annotated[replay.ReplayRequest, Body()], operator: Operator
+    ) -> JSONResponse:
+        """Dry run by default: the report and its `confirm` token. Execute with
+        `"dry_run": false` and that token; 409 with a fresh report if the set changed."""
+        if request.dry_run:
+            report = await run_in_threadpool(
+                replay.dry_run, engine(), request, routes, secret=secret
+            )
+            return JSONResponse({"dry_run": True, **report.as_dict()})
+        outcome = await run_in_threadpool(
+            replay.execute, engine(), request, routes, operator, secret=secret
+        )
+        match outcome:
+            case replay.Stale(report):
+                raise Problem(
+                    409,
+                    "replay_set_changed",
+                    "The keys this filter selects changed since the dry run; nothing was "
+                    "replayed. Check the fresh report and confirm again.",
+                    report={"dry_run": True, **report.as_dict()},
+                )
+            case replay.Executed(replay_id, report):
+                log.info(
+                    "replay.executed", replay_id=replay_id, by=operator, keys=len(report.to_replay)
+                )
+                return JSONResponse({"dry_run": False, "replay_id": replay_id, **report.as_dict()})
+
+    @router.get("/stats")
+    async def get_stats(_: Operator) -> dict[str, Any]:
+        """Keys by status, outbox backlog and lag, processing age, open dead letters."""
+        result: dict[str, Any] = await run_in_threadpool(stats.collect, engine())
+        return result
+
+    def known(name: str) -> str:
+        if routes.by_label(name) is None:
+            raise Problem(404, "route_not_found", "No configured route has this name.")
+        return name
+
+    @router.get("/routes")
+    async def list_routes(_: Operator) -> dict[str, Any]:
+        """Every route: paused or circuit state, limits, keys waiting, attempts running."""
+        items = await run_in_threadpool(routestate.list_routes, engine(), routes)
+        return {"items": items}
+
+    @router.post("/routes/{name}/pause", responses=problem_responses(404))
+    async def pause_route(name: str, body: PauseRequest, operator: Operator) -> dict[str, Any]:
+        """Stop acting on the route's keys (they wait as pending), with a reason on record."""
+        changed = await run_in_threadpool(
+            routestate.pause, engine(), known(name), body.reason, operator
+        )
+        if changed:
+            log.info("route.paused", route=name, by=operator)
+        return {"name": name, "paused": True, "changed": changed}
+
+    @router.post("/routes/{name}/resume", responses=problem_responses(404))
+    async def resume_route(name: str, operator: Operator) -> dict[str, Any]:
+        """Act on the route's keys again, those it held first, in the order they arrived."""
+        queued = await run_in_threadpool(routestate.resume, engine(), known(name), operator)
+        if queued is not None:
+            log.info("route.resumed", route=name, by=operator, queued=queued)
+        return {"name": name, "paused": False, "changed": queued is not None, "queued": queued or 0}
+
+    return router
+
+
+def _instant(name: str, value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return parse_instant(value)
+    except ValueError as error:
+        raise Problem(
+            422,
+            "invalid_request",
+            str(error),
+            errors=[{"field": name, "message": str(error), "type": "value_error"}],
+        ) from error

@@ -1,0 +1,151 @@
+"""Operators' commands for watching: stats, stuck keys, and routes (list, pause, resume).
+
+Same conventions as every command (`outbox.terminal`, whose helpers these use): tables or
+`--json`; exit 0 done, 1 an answer a script acts on (stuck keys found), 2 refused.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from outbox import terminal
+from outbox.core.logs import get_logger
+from outbox.terminal import AsJson, By
+
+log = get_logger("idem.operator")
+
+routes_app = typer.Typer(
+    help="Routes: state (circuit, paused), limits, backlog; pause and resume.",
+    invoke_without_command=True,
+)
+
+
+@routes_app.callback()
+def routes_list(ctx: typer.Context, as_json: AsJson = False) -> None:
+    """Every configured route with its state, attempts in flight, limits and backlog."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from outbox.core.routes import load_routes
+    from outbox.operate.routestate import list_routes
+
+    with terminal.engine() as (settings, engine):
+        items = list_routes(engine, load_routes(settings.routes_file))
+    if as_json:
+        return terminal.print_json(items)
+    fields = "name state in_flight max_in_flight rate_per_second backlog open_until paused_reason"
+    headers = "route,state,in flight,max in flight,rate/s,backlog,probe at,paused because"
+    terminal.console().print(
+        terminal.table(headers, (terminal.pick(item, fields) for item in items))
+    )
+
+
+def _known(name: str) -> None:
+    from outbox.core.routes import load_routes
+
+    with terminal.engine() as (settings, _):
+        if load_routes(settings.routes_file).by_label(name) is None:
+            terminal.fail(f"no configured route is named {name!r}")
+
+
+@routes_app.command("pause")
+def routes_pause(
+    name: Annotated[str, typer.Argument(metavar="NAME")],
+    reason: Annotated[str, typer.Option(help="Why (kept on record).")],
+    by: By = None,
+    as_json: AsJson = False,
+) -> None:
+    """Stop acting on a route's keys: they are accepted and wait as pending."""
+    from outbox.operate.routestate import pause
+
+    if not reason.strip():
+        terminal.fail("--reason must not be empty")
+    _known(name)
+    operator = terminal.operator(by)
+    with terminal.engine() as (_, engine):
+        changed = pause(engine, name, reason.strip(), operator)
+    if changed:
+        log.info("route.paused", route=name, by=operator)
+    if as_json:
+        return terminal.print_json({"name": name, "paused": True, "changed": changed})
+    terminal.console().print(
+        f"paused route {name}" if changed else f"route {name} was already paused"
+    )
+
+
+@routes_app.command("resume")
+def routes_resume(
+    name: Annotated[str, typer.Argument(metavar="NAME")],
+    by: By = None,
+    as_json: AsJson = False,
+) -> None:
+    """Act on a paused route's keys again, the held ones first, in the order they arrived."""
+    from outbox.operate.routestate import resume
+
+    _known(name)
+    operator = terminal.operator(by)
+    with terminal.engine() as (_, engine):
+        queued = resume(engine, name, operator)
+    if queued is not None:
+        log.info("route.resumed", route=name, by=operator, queued=queued)
+    if as_json:
+        doc = {"name": name, "paused": False, "changed": queued is not None, "queued": queued or 0}
+        return terminal.print_json(doc)
+    if queued is None:
+        return terminal.console().print(f"route {name} was not paused")
+    terminal.console().print(
+        f"resumed route {name}: {queued} waiting keys queued in acceptance order"
+    )
+
+
+def stuck_command(
+    older_than: Annotated[str, typer.Option(help="How long untouched, e.g. 5m or 2h.")],
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 100,
+    as_json: AsJson = False,
+) -> None:
+    """Unfinished keys untouched too long; exits 1 when there are any (for cron alerts)."""
+    from outbox.core.timewindow import parse_duration
+    from outbox.operate import stats
+
+    try:
+        seconds = parse_duration(older_than).total_seconds()
+    except ValueError as error:
+        terminal.fail(f"--older-than: {error}")
+    with terminal.engine() as (_, engine):
+        rows = stats.stuck(engine, seconds, limit)
+        waiting = stats.waiting_on_routes(engine)
+    if waiting:  # on stderr, so --json's stdout stays the list of stuck keys
+        held = ", ".join(f"{name} {count}" for name, count in waiting.items())
+        note = f"not stuck: {sum(waiting.values())} keys wait on paused or open routes ({held})"
+        typer.echo(note, err=True)
+    if as_json:
+        terminal.print_json(rows)
+    elif not rows:
+        terminal.console().print(f"no keys stuck longer than {older_than}")
+    else:
+        fields = "key status event_type attempts updated_at age_seconds"
+        headers = "key,status,event type,attempts,last change,age (s)"
+        terminal.console().print(terminal.table(headers, (terminal.pick(r, fields) for r in rows)))
+    raise typer.Exit(1 if rows else 0)
+
+
+def stats_command(as_json: AsJson = False) -> None:
+    """Keys by status, outbox backlog and lag, processing, open dead letters, duplicates."""
+    from outbox.operate import stats
+
+    with terminal.engine() as (_, engine):
+        doc = stats.collect(engine)
+    if as_json:
+        return terminal.print_json(doc)
+    held = doc.pop("routes")
+    rows: list[tuple[str, Any]] = []
+    for section, value in doc.items():  # a section of numbers, or one number
+        nested = value.items() if isinstance(value, dict) else []
+        rows += [(section, "" if nested else value), *((f"  {n}", v) for n, v in nested)]
+    rows += [("routes held (paused or open)", "" if held else "none")]
+    rows += [(f"  {n}", f"{r['state']}, {r['backlog']} waiting") for n, r in held.items()]
+    readable = [(name.replace("_", " "), value) for name, value in rows]
+    table = terminal.table("metric,value", readable, show_header=False, box=None)
+    table.columns[1].justify = "right"
+    terminal.console().print(table)

@@ -1,0 +1,277 @@
+"""The relay: moves due outbox rows to the broker, at least once, and never loses one.
+
+Loop: take a batch of due rows by giving them a short lease (`claimed_until`, one committed
+statement: SKIP LOCKED and the lease keep relays apart), publish them with no transaction
+open, mark them published, repeat while batches come back full; then sleep until a NOTIFY
+arrives, the next scheduled row falls due, or the poll interval passes, whichever is first.
+NOTIFY is only a wake-up (it is lost while disconnected), so the poll stays. A pass that found
+nothing to take always waits, even when rows are due but held by another relay, so relays
+never spin against each other. A relay killed between the publish and the mark leaves rows
+that any relay publishes again once the lease has ended: a second message for a key is
+harmless (the worker's claim refuses a finished or held key), a lost one is not possible.
+
+Pacing: rows that have already waited longer than RELAY_BACKLOG_AGE_SECONDS are a backlog (an
+outage, a flood), not a fresh event someone is waiting on; those are published at no more than
+RELAY_BACKLOG_RATE rows per second, so a drain does not take the CPU the receivers need.
+While the broker or the database is down the relay logs, backs off with jitter and keeps the
+rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import select
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import psycopg
+from celery import Celery
+from sqlalchemy import Engine, make_url
+
+from outbox.core.heartbeat import Heartbeat
+from outbox.core.logs import get_logger
+from outbox.core.settings import Settings
+from outbox.relay.publisher import OutboxMessage, publish
+from outbox.store import relay as sql
+from outbox.store.engines import RELAY
+
+log = get_logger(__name__)
+
+# Backoff while the broker or database is down: first retry within 0.5 s, never slower
+# than every 15 s, so recovery after an outage is noticed quickly.
+OUTAGE_BACKOFF_BASE = 0.5
+OUTAGE_BACKOFF_CAP = 15.0
+# The least a pass that took nothing waits although rows are due: they are locked by a
+# statement in progress elsewhere, which ends within milliseconds. Bounds such passes to ten
+# a second instead of a spin (about 800 a second were measured before this floor).
+IDLE_FLOOR_SECONDS = 0.1
+
+Send = Callable[[Celery, list[OutboxMessage], list[int]], None]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What one pass did: rows taken, rows published, and how long the oldest had waited."""
+
+    taken: int
+    published: int
+    oldest_waited_seconds: float
+
+
+NOTHING = Batch(0, 0, 0.0)
+
+
+def publish_due_batch(
+    engine: Engine, app: Celery, limit: int, claim_seconds: float, send: Send = publish
+) -> Batch:
+    """Take, publish and mark one batch of due rows; no transaction is open during the send."""
+    with engine.begin() as conn:
+        rows = conn.execute(
+            sql.CLAIM_DUE_OUTBOX, {"limit": limit, "lease_seconds": claim_seconds}
+        ).all()
+    if not rows:
+        return NOTHING
+    # The statement's RETURNING has no order; publish oldest first, as selected.
+    rows = sorted(rows, key=lambda r: (r.available_at, r.id))
+    messages = [OutboxMessage(r.id, r.idempotency_key, r.task_name, r.correlation_id) for r in rows]
+    sent: list[int] = []
+    try:
+        send(app, messages, sent)
+    finally:
+        # Mark what went out, even when the broker failed half-way; give the rest back.
+        unsent = sorted({m.outbox_id for m in messages} - set(sent))
+        with engine.begin() as conn:
+            if sent:
+                conn.execute(sql.MARK_PUBLISHED, {"ids": sent})
+            if unsent:
+                conn.execute(sql.RELEASE_OUTBOX_CLAIM, {"ids": unsent})
+    return Batch(len(rows), len(sent), max(float(r.waited_seconds) for r in rows))
+
+
+def seconds_until_next_due(engine: Engine) -> float | None:
+    """Seconds until the earliest row nobody holds is due (negative: overdue); None if none."""
+    with engine.connect() as conn:
+        value = conn.execute(sql.SECONDS_UNTIL_NEXT_DUE).scalar()
+    return None if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class Pacer:
+    """Bounds the publish rate of a backlog; fresh rows always go out at once.
+
+    `rate` rows per second (0: unbounded) once a batch's oldest row has waited `age_seconds`.
+    """
+
+    rate: float
+    age_seconds: float
+
+    def pause(self, batch: Batch, elapsed: float) -> float:
+        """Seconds to wait after `batch`, which took `elapsed` seconds, before the next one."""
+        if self.rate <= 0 or batch.published == 0:
+            return 0.0
+        if batch.oldest_waited_seconds < self.age_seconds:
+            return 0.0
+        return max(0.0, batch.published / self.rate - elapsed)
+
+
+def idle_wait(batch: Batch, next_due: float | None, poll_seconds: float) -> float:
+    """How long to sleep after a pass that did not fill its batch (0: go on at once).
+
+    A pass that published something goes on while rows are due; one that took nothing waits at
+    least IDLE_FLOOR_SECONDS even then (the due rows are locked elsewhere), and otherwise until
+    the next row nobody holds falls due, within the poll interval.
+    """
+    if next_due is None:
+        return poll_seconds
+    if next_due <= 0 and batch.taken:
+        return 0.0
+    return min(poll_seconds, max(next_due, IDLE_FLOOR_SECONDS))
+
+
+class Waiter(Protocol):
+    def wait(self, timeout: float) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Listener:
+    """A LISTEN on a direct autocommit connection; reconnects lazily after a failure.
+
+    A signal (SIGTERM from a supervisor, Ctrl-C) ends a wait at once: in the main thread the
+    listener is the process's signal wake-up fd, so the relay stops in milliseconds instead of
+    at the end of its poll interval."""
+
+    def __init__(self, dsn: str, channel: str = "outbox") -> None:
+        self._dsn = dsn
+        self._channel = channel
+        self._conn: psycopg.Connection[Any] | None = None
+        self._wake, wake_write = socket.socketpair()
+        self._wake_write = wake_write
+        for end in (self._wake, wake_write):
+            end.setblocking(False)
+        self._previous_wakeup_fd: int | None = None
+        with contextlib.suppress(ValueError):  # not the main thread: no signal wake-ups
+            self._previous_wakeup_fd = signal.set_wakeup_fd(
+                wake_write.fileno(), warn_on_full_buffer=False
+            )
+
+    def wait(self, timeout: float) -> None:
+        """Return on the first notification, on a signal, or after `timeout` seconds.
+
+        A plain select() on the socket bounds the wait by the kernel's clock; libpq then reads
+        whatever arrived, and every notification that came together is consumed at once.
+        """
+        timeout = max(0.0, timeout)
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(
+                    self._dsn, autocommit=True, connect_timeout=3, application_name=RELAY
+                )
+                self._conn.execute(f"LISTEN {self._channel}")
+            pgconn = self._conn.pgconn
+            wake = self._wake.fileno()
+            readable, _, _ = select.select([pgconn.socket, wake], [], [], timeout)
+            if wake in readable:
+                self._drain_wake()
+            if pgconn.socket in readable:
+                pgconn.consume_input()
+                if pgconn.status != psycopg.pq.ConnStatus.OK:
+                    raise psycopg.OperationalError("listen connection lost")
+                while pgconn.notifies() is not None:
+                    pass
+        except psycopg.Error:
+            self._disconnect()
+            if select.select([self._wake], [], [], timeout)[0]:
+                self._drain_wake()
+
+    def _drain_wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while self._wake.recv(512):
+                pass
+
+    def _disconnect(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def close(self) -> None:
+        self._disconnect()
+        if self._previous_wakeup_fd is not None:
+            with contextlib.suppress(ValueError):
+                signal.set_wakeup_fd(self._previous_wakeup_fd)
+            self._previous_wakeup_fd = None
+        self._wake.close()
+        self._wake_write.close()
+
+
+def libpq_dsn(sqlalchemy_url: str) -> str:
+    """The same database as a plain libpq URL, for the LISTEN connection."""
+    return (
+        make_url(sqlalchemy_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    )
+
+
+def run_relay(
+    settings: Settings,
+    engine: Engine,
+    app: Celery,
+    stop: threading.Event,
+    listener: Waiter | None = None,
+    send: Send = publish,
+) -> None:
+    """Run until `stop` is set (`listener` and `send` are replaceable for tests)."""
+    waiter: Waiter = listener or Listener(libpq_dsn(settings.sqlalchemy_url()))
+    heartbeat = Heartbeat(settings.heartbeat_file)
+    pacer = Pacer(settings.relay_backlog_rate, settings.relay_backlog_age_seconds)
+    limit = settings.relay_batch_size
+    failures = 0
+    log.info(
+        "relay.started",
+        batch_size=limit,
+        poll_seconds=settings.relay_poll_seconds,
+        backlog_rate=settings.relay_backlog_rate,
+    )
+    try:
+        while not stop.is_set():
+            heartbeat.beat()
+            began = time.monotonic()
+            try:
+                batch = publish_due_batch(engine, app, limit, settings.relay_claim_seconds, send)
+                full = batch.taken >= limit
+                next_due = None if full else seconds_until_next_due(engine)
+            except Exception as error:
+                failures += 1
+                delay = random.uniform(
+                    0, min(OUTAGE_BACKOFF_CAP, OUTAGE_BACKOFF_BASE * 2**failures)
+                )
+                log.warning(
+                    "relay.publish_failed",
+                    error=type(error).__name__,
+                    detail=str(error)[:200],
+                    failures=failures,
+                    retry_in=round(delay, 2),
+                )
+                stop.wait(delay)
+                continue
+            if failures:
+                log.info("relay.recovered", after_failures=failures)
+                failures = 0
+            if batch.published:
+                log.debug("relay.published", rows=batch.published)
+            pause = pacer.pause(batch, time.monotonic() - began)
+            if pause > 0:
+                stop.wait(pause)
+            if full:
+                continue
+            wait = idle_wait(batch, next_due, settings.relay_poll_seconds)
+            if wait > 0:
+                waiter.wait(wait)
+    finally:
+        waiter.close()
+        log.info("relay.stopped")

@@ -1,0 +1,86 @@
+"""Publishing outbox rows as Celery messages, by task name (the relay never imports `worker`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from celery import Celery
+
+from outbox.core.keys import mask_key
+from outbox.core.settings import Settings
+from outbox.core.wire import TASK_QUEUE
+
+
+@dataclass(frozen=True)
+class OutboxMessage:
+    outbox_id: int
+    key: str
+    task_name: str
+    correlation_id: str
+
+
+def create_publisher(settings: Settings) -> Celery:
+    """A Celery app used only to send: JSON messages to the workers' queue, no retries inside
+    the send (the relay decides when to try again, and keeps the rows meanwhile)."""
+    app = Celery("idem-relay", broker=settings.redis_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_default_queue=TASK_QUEUE,
+        broker_connection_timeout=settings.broker_timeout_seconds,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout,
+            # A broker that accepts the connection and then stops answering must not hang
+            # the relay: every socket read and write is bounded, and the relay backs off.
+            "socket_connect_timeout": settings.broker_timeout_seconds,
+            "socket_timeout": settings.broker_timeout_seconds,
+        },
+        task_publish_retry=False,
+    )
+    return app
+
+
+def publish(app: Celery, messages: list[OutboxMessage], sent: list[int]) -> None:
+    """Send a batch as standard Celery messages in ONE Redis command.
+
+    Each message is built by Celery (`as_task_v2`) and framed by kombu's own Redis channel, so
+    workers consume it like any `send_task`; what changes is the transport: one LPUSH carries
+    the whole batch instead of a round trip per message (per-message round trips bounded the
+    relay at about 2 300 messages/s). LPUSH is atomic: the batch is in the queue or not, and
+    `sent` names the rows only once it is. Flower sees these tasks from "received" on (no
+    "sent" event is emitted for them).
+    """
+    if not messages:
+        return
+    with app.producer_or_acquire() as producer:
+        channel = producer.channel
+        frames = []
+        for message in messages:
+            task_id = f"outbox-{message.outbox_id}"
+            argsrepr = repr([mask_key(message.key)])
+            kwargsrepr = repr({"correlation_id": message.correlation_id})
+            task = app.amqp.as_task_v2(
+                task_id,
+                message.task_name,
+                args=[message.key],
+                kwargs={"correlation_id": message.correlation_id},
+                # What Flower and Celery's logs show: the masked key, never anything else.
+                argsrepr=argsrepr,
+                kwargsrepr=kwargsrepr,
+            )
+            properties = {
+                **task.properties,
+                "delivery_mode": 2,
+                "argsrepr": argsrepr,
+                "kwargsrepr": kwargsrepr,
+            }
+            frame = channel.prepare_message(
+                json.dumps(task.body), 0, "application/json", "utf-8", task.headers, properties
+            )
+            # kombu's own framing for the anonymous exchange: the routing key is the queue.
+            channel._inplace_augment_message(frame, "", TASK_QUEUE)
+            frames.append(json.dumps(frame))
+        channel.client.lpush(TASK_QUEUE, *frames)
+    sent.extend(m.outbox_id for m in messages)

@@ -1,0 +1,129 @@
+"""Engines for each execution model: async for the receiver, sync for the relay and workers."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import psycopg
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import ExceptionContext
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from outbox.core.settings import Settings
+
+# Errors that mean "the database is not there right now", as opposed to a bug in a statement.
+UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57")
+
+# application_name of each process kind's connections (the worker's are plain "idem").
+RECEIVER = "idem-receiver"
+RELAY = "idem-relay"
+
+# Every engine hides bound parameters from its errors' text. They hold full keys, payloads and
+# stored results, and an error's text travels: into Celery's failure tracebacks, the relay's
+# and sweeper's `detail` fields, a 500's traceback. An error keeps the SQL and the database's
+# message, which is what a reader needs to find the cause.
+HIDE_PARAMETERS = True
+
+
+def _primary_message_only(context: ExceptionContext) -> None:
+    """Drop PostgreSQL's DETAIL and CONTEXT from an error's text, for the reason above.
+
+    They quote the data a statement carried: a constraint violation's "Failing row contains
+    (…)" is the whole row, a JSON error's context is the text around the bad token. The primary
+    message names what failed (the constraint, the type); the SQLSTATE and every diagnostic
+    field stay on the driver's error (`orig.diag`, `orig.sqlstate`) for code that asks.
+    """
+    original = context.original_exception
+    if not isinstance(original, psycopg.Error):
+        return
+    primary = original.diag.message_primary
+    if not primary:
+        return
+    original.args = (primary,)
+    wrapped = context.sqlalchemy_exception
+    if wrapped is not None:
+        # The wrapper copied the driver's text when it was built: rebuilt in the same form.
+        kind = type(original)
+        wrapped.args = (f"({kind.__module__}.{kind.__name__}) {primary}",)
+
+
+def _without_data_in_errors(engine: Engine) -> None:
+    event.listen(engine, "handle_error", _primary_message_only)
+
+
+def _connect_args(settings: Settings, application_name: str = "idem") -> dict[str, Any]:
+    return {
+        # libpq wants whole seconds, at least 2.
+        "connect_timeout": max(2, math.ceil(settings.db_timeout_seconds)),
+        # pg_stat_activity tells the process kinds apart (README's connection budget).
+        "application_name": application_name,
+        # No statement waits longer than a request may: a lock or a hung server is an error.
+        "options": f"-c statement_timeout={int(settings.db_timeout_seconds * 1000)}",
+    }
+
+
+def create_receiver_engine(settings: Settings) -> AsyncEngine:
+    """The receiver's pool: bounded waits everywhere, so an outage is a fast 503, not a hang.
+
+    Every step the receiver takes (reserve a key, claim, heartbeat, complete, fail, look up) is
+    ONE statement, atomic by itself, so the pool runs in autocommit: `begin()` then sends no
+    BEGIN and no COMMIT, two round trips saved per request. A step that needs several
+    statements in one transaction must not run on this engine.
+    """
+    engine = create_async_engine(
+        settings.sqlalchemy_url(),
+        isolation_level="AUTOCOMMIT",
+        pool_size=settings.db_pool_size,
+        max_overflow=0,
+        pool_timeout=settings.db_timeout_seconds,
+        pool_recycle=3600,
+        hide_parameters=HIDE_PARAMETERS,
+        connect_args=_connect_args(settings, RECEIVER),
+    )
+    _without_data_in_errors(engine.sync_engine)
+    return engine
+
+
+def create_sync_engine(
+    settings: Settings,
+    *,
+    pool_size: int = 2,
+    max_overflow: int = 2,
+    pre_ping: bool = True,
+    autocommit: bool = False,
+    application_name: str = "idem",
+) -> Engine:
+    """A small pool for a relay or a worker process (one statement at a time per thread).
+
+    Every statement is bounded by the statement timeout (DB_TIMEOUT_SECONDS): a hung renewal
+    must not block the process's only lease keeper past the lease it is meant to keep, and a
+    relay or sweeper must not wait on a lock forever.
+
+    The worker's store turns both options around: every step it takes is one statement, atomic
+    by itself, so its connections stay in autocommit (`begin()` then sends no BEGIN and no
+    COMMIT), and instead of a pre-ping round trip before every step it sends a statement once
+    more when it met a dead connection.
+    """
+    engine = create_engine(
+        settings.sqlalchemy_url(),
+        isolation_level="AUTOCOMMIT" if autocommit else None,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        pool_timeout=30,
+        pool_pre_ping=pre_ping,
+        pool_recycle=3600,
+        hide_parameters=HIDE_PARAMETERS,
+        connect_args=_connect_args(settings, application_name),
+    )
+    _without_data_in_errors(engine)
+    return engine
+
+
+def create_relay_engine(settings: Settings) -> Engine:
+    """The relay's connection: one (its loop sends one statement at a time), in autocommit,
+    because each of its steps is one statement and no transaction may be open while it
+    publishes; the statement timeout bounds each step."""
+    return create_sync_engine(
+        settings, pool_size=1, max_overflow=0, autocommit=True, application_name=RELAY
+    )

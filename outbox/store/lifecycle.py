@@ -1,0 +1,320 @@
+"""The key's life: its states, who may move it, the allowed transitions, and the one fence.
+
+Every statement that changes a key's status after it was created is here, and the worker, the
+claims API, the sweeper and replays call these (the receiver's accept statements, which create
+keys, are in `outbox.store.ingest`). A reader can check `TRANSITIONS` against the CHECK
+constraint of `idempotency_keys.status` and against the table in docs/architecture.md; a test
+does both.
+
+Who acts (`actor`, decided when the key is created, never changed):
+- `worker`: a key created by `POST /v1/events`; only the gateway's worker claims it.
+- `workflow`: a key created by `POST /v1/claims`; only a workflow claims it. No path of the
+  gateway (sweeper, replay, relay, worker) ever queues it for the worker.
+
+One fencing scheme for both: a claim bumps `fence` and stores a fresh random `lease_token`
+(128 bits or more). Every later write names both in the same WHERE and reports whether a row
+matched; a stale holder, or anyone who guessed a number, changes nothing.
+
+"It may have happened" (`uncertain`) is a fact on the key: set by a reclaim of an expired lease
+and by every uncertain outcome, kept by every later failure, cleared only by a success or by a
+reconcile that found no effect. The next holder reads it at claim and looks before acting.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sqlalchemy import TextClause, text
+
+
+class Status(StrEnum):
+    PENDING = "pending"
+    PROCESSING = "processing"
+    SUCCEEDED = "succeeded"
+    FAILED_RETRYABLE = "failed_retryable"
+    FAILED_FINAL = "failed_final"
+    QUARANTINED = "quarantined"
+
+
+class Actor(StrEnum):
+    WORKER = "worker"
+    WORKFLOW = "workflow"
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One allowed move: from which states, to which, by whom, through which statement."""
+
+    name: str
+    sources: tuple[Status | None, ...]  # None: the key does not exist yet
+    target: Status
+    by: str
+    statement: str
+
+
+_S = Status
+TRANSITIONS: tuple[Transition, ...] = (
+    Transition("accept", (None,), _S.PENDING, "receiver", "ingest.RESERVE_KEY"),
+    Transition(
+        "accept quarantined", (None,), _S.QUARANTINED, "receiver", "ingest.RESERVE_KEY_QUARANTINED"
+    ),
+    Transition("first claim", (None,), _S.PROCESSING, "workflow", "CLAIM_NEW_KEY"),
+    Transition(
+        "claim",
+        (_S.PENDING, _S.FAILED_RETRYABLE, _S.PROCESSING),  # processing: only an expired lease
+        _S.PROCESSING,
+        "worker or workflow (its own actor)",
+        "CLAIM_KEY",
+    ),
+    Transition("renew", (_S.PROCESSING,), _S.PROCESSING, "holder", "RENEW_LEASE"),
+    Transition("succeed", (_S.PROCESSING,), _S.SUCCEEDED, "holder", "SUCCEED"),
+    Transition("retry", (_S.PROCESSING,), _S.FAILED_RETRYABLE, "holder", "SCHEDULE_RETRY"),
+    Transition("defer", (_S.PROCESSING,), _S.FAILED_RETRYABLE, "holder (worker)", "DEFER"),
+    Transition("hold", (_S.PROCESSING,), _S.PENDING, "holder (worker)", "DEFER"),
+    Transition("fail", (_S.PROCESSING,), _S.FAILED_FINAL, "holder", "FAIL_FINAL"),
+    Transition("quarantine", (_S.PROCESSING,), _S.QUARANTINED, "worker", "FAIL_FINAL"),
+    Transition(
+        "replay",
+        (_S.FAILED_RETRYABLE, _S.FAILED_FINAL, _S.QUARANTINED, _S.PROCESSING),
+        _S.PENDING,
+        "operator (after a dry run)",
+        "RESET_FOR_REPLAY",
+    ),
+)
+"""Every status change there is. Re-drives by the sweeper change no status (they queue a new
+delivery of a worker key); purging deletes finished keys."""
+
+TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED_FINAL, Status.QUARANTINED})
+
+
+def new_lease_token() -> str:
+    """A holder's proof: 128 random bits, never derived from a host or a process id."""
+    return secrets.token_hex(16)
+
+
+CLAIM_NEW_KEY: TextClause = text(
+    """
+    -- A workflow's first claim of an unknown key: create it already held, as a workflow key,
+    -- with its payload, in one statement. A concurrent first claim finds the row and goes on
+    -- to CLAIM_KEY; a key an event created is never touched here.
+    WITH reserved AS (
+        INSERT INTO idempotency_keys (
+            idempotency_key, actor, status, payload_hash, correlation_id, source, event_type,
+            route, workflow_name, attempts, fence, lease_token, locked_until, expires_at
+        )
+        VALUES (
+            :key, 'workflow', 'processing', :payload_hash, :correlation_id, 'claims', 'claim',
+            '(claims)', :workflow, 1, 1, :token,
+            now() + make_interval(secs => :lease_seconds),
+            now() + make_interval(secs => :ttl_seconds)
+        )
+        ON CONFLICT (idempotency_key) DO NOTHING
+        RETURNING idempotency_key, correlation_id, locked_until, fence
+    ), stored AS (
+        INSERT INTO events (idempotency_key, source, event_type, external_id, payload)
+        SELECT idempotency_key, 'claims', 'claim', :key, CAST(:payload AS jsonb)
+          FROM reserved
+    )
+    SELECT idempotency_key, correlation_id, locked_until, fence FROM reserved
+    """
+)
+
+CLAIM_KEY: TextClause = text(
+    """
+    -- Take a key of this actor that nobody holds: pending, a due retry, or processing with an
+    -- expired lease (a reclaim: the last holder may have acted, so the key becomes uncertain).
+    -- The attempt is counted here, so a holder that dies still spends its budget. The lease
+    -- comes from the database clock; the fence goes up and a fresh token is stored, so every
+    -- earlier holder's writes are rejected from now on. :payload_hash NULL matches any.
+    WITH claimed AS (
+        UPDATE idempotency_keys k
+           SET status = 'processing',
+               fence = k.fence + 1,
+               attempts = k.attempts + 1,
+               reclaimed_count = k.reclaimed_count
+                   + CASE WHEN k.status = 'processing' THEN 1 ELSE 0 END,
+               uncertain = k.uncertain OR k.status = 'processing',
+               lease_token = :token,
+               lease_owner = :owner,
+               locked_until = now() + make_interval(secs => :lease_seconds),
+               next_attempt_at = NULL,
+               updated_at = now()
+          FROM (SELECT status AS previous_status
+                  FROM idempotency_keys
+                 WHERE idempotency_key = :key
+                   FOR UPDATE) previous
+         WHERE k.idempotency_key = :key
+           AND k.actor = :actor
+           AND (CAST(:payload_hash AS text) IS NULL OR k.payload_hash = :payload_hash)
+           AND (k.status = 'pending'
+                OR (k.status = 'failed_retryable'
+                    AND (k.next_attempt_at IS NULL OR k.next_attempt_at <= now()))
+                OR (k.status = 'processing' AND k.locked_until < now()))
+        RETURNING k.idempotency_key, k.fence, k.attempts, k.correlation_id, k.route,
+                  k.event_type, k.source, k.locked_until, k.first_failed_at, k.uncertain,
+                  now() AS claimed_at, previous.previous_status,
+                  k.error_code AS previous_error_code
+    )
+    SELECT c.*, e.external_id, e.version, e.payload, r.paused AS route_paused,
+           r.circuit AS route_circuit, r.open_until AS route_open_until,
+           r.consecutive_failures AS route_failures
+      FROM claimed c JOIN events e USING (idempotency_key)
+      LEFT JOIN route_state r ON r.route = c.route
+    """
+)
+
+KEY_STATE: TextClause = text(
+    """
+    -- Why a claim was refused: another actor's key, finished, held (and for how long), or
+    -- another payload. Counts the refused delivery.
+    UPDATE idempotency_keys
+       SET blocked_deliveries = blocked_deliveries + 1
+     WHERE idempotency_key = :key
+    RETURNING actor, status, correlation_id, result, external_ref, error_code,
+              (CAST(:payload_hash AS text) IS NOT NULL AND payload_hash <> :payload_hash)
+                  AS payload_differs,
+              locked_until > now() AS lease_live,
+              GREATEST(0, CEIL(EXTRACT(EPOCH FROM locked_until - now()))) AS lease_remaining
+    """
+)
+
+RENEW_LEASE: TextClause = text(
+    """
+    -- Extend the lease only while this holder still holds it (same fence and token).
+    UPDATE idempotency_keys
+       SET locked_until = now() + make_interval(secs => :lease_seconds)
+     WHERE idempotency_key = :key AND fence = :fence AND lease_token = :token
+       AND status = 'processing'
+    RETURNING locked_until
+    """
+)
+
+SUCCEED: TextClause = text(
+    """
+    -- The effect happened: store the result under the fence; the key is no longer uncertain.
+    UPDATE idempotency_keys
+       SET status = 'succeeded', result = CAST(:result AS jsonb), external_ref = :external_ref,
+           error_code = NULL, error_detail = NULL, uncertain = false, lease_token = NULL,
+           lease_owner = NULL, locked_until = NULL, updated_at = now()
+     WHERE idempotency_key = :key AND fence = :fence AND lease_token = :token
+       AND status = 'processing'
+    RETURNING attempts, correlation_id
+    """
+)
+
+SCHEDULE_RETRY: TextClause = text(
+    """
+    -- A transient failure, under the fence. Uncertainty is kept unless this attempt's
+    -- reconcile found no effect, and added when this outcome is itself uncertain. A worker key
+    -- gets the outbox row that brings it back when due, in the same statement (the retry waits
+    -- in the database, not in the broker); a workflow key is claimable again at once.
+    WITH failed AS (
+        UPDATE idempotency_keys
+           SET status = 'failed_retryable', error_code = :error_code,
+               error_detail = :error_detail,
+               uncertain = (uncertain AND NOT :reconciled_absent) OR :uncertain,
+               lease_token = NULL, lease_owner = NULL, locked_until = NULL,
+               first_failed_at = COALESCE(first_failed_at, now()),
+               next_attempt_at = now() + make_interval(secs => :delay_seconds),
+               updated_at = now()
+         WHERE idempotency_key = :key AND fence = :fence AND lease_token = :token
+           AND status = 'processing'
+        RETURNING idempotency_key, actor, correlation_id, next_attempt_at
+    ), queued AS (
+        INSERT INTO outbox (idempotency_key, task_name, correlation_id, available_at)
+        SELECT idempotency_key, :task_name, correlation_id, next_attempt_at
+          FROM failed WHERE actor = 'worker'
+    )
+    SELECT correlation_id, next_attempt_at FROM failed
+    """
+)
+
+FAIL_FINAL: TextClause = text(
+    """
+    -- A permanent failure, a spent budget or a broken contract (:final_status failed_final or
+    -- quarantined): the fenced status change and the dead letter an operator will see are one
+    -- statement. Uncertainty follows the same rule as a retry; a replay reads it.
+    WITH failed AS (
+        UPDATE idempotency_keys
+           SET status = :final_status, error_code = :error_code, error_detail = :error_detail,
+               uncertain = (uncertain AND NOT :reconciled_absent) OR :uncertain,
+               lease_token = NULL, lease_owner = NULL, locked_until = NULL,
+               next_attempt_at = NULL, first_failed_at = COALESCE(first_failed_at, now()),
+               updated_at = now()
+         WHERE idempotency_key = :key AND fence = :fence AND lease_token = :token
+           AND status = 'processing'
+        RETURNING idempotency_key, attempts, first_failed_at, correlation_id
+    ), dead AS (
+        INSERT INTO dead_letters (idempotency_key, kind, error_code, error_detail, attempts,
+                                  first_failed_at, last_failed_at)
+        SELECT idempotency_key, :kind, :error_code, :error_detail, attempts, first_failed_at,
+               now()
+          FROM failed
+    )
+    SELECT correlation_id FROM failed
+    """
+)
+
+DEFER: TextClause = text(
+    """
+    -- Give a claim back unspent, under the fence: its route cannot take it now (paused, circuit
+    -- open, over its rate or in-flight limit, or a probe the downstream refused). The attempt
+    -- the claim counted is returned. A paused route's key waits as pending with no delivery
+    -- (resuming queues it); any other waits as failed_retryable with its outbox row due after
+    -- :delay_seconds. The route row is read FOR SHARE, so a concurrent resume either finds this
+    -- key pending or this statement finds the route resumed: no key is left without a way on.
+    WITH route AS (
+        SELECT paused FROM route_state WHERE route = :route FOR SHARE
+    ), held AS (
+        SELECT COALESCE((SELECT paused FROM route), false) AS paused
+    ), deferred AS (
+        UPDATE idempotency_keys k
+           SET status = CASE WHEN held.paused THEN 'pending' ELSE 'failed_retryable' END,
+               attempts = GREATEST(k.attempts - 1, 0),
+               error_code = CASE WHEN held.paused THEN 'route_paused' ELSE :error_code END,
+               error_detail = CASE WHEN held.paused THEN 'the route is paused'
+                                   ELSE :error_detail END,
+               lease_token = NULL, lease_owner = NULL, locked_until = NULL,
+               next_attempt_at = CASE WHEN held.paused THEN NULL
+                                      ELSE now() + make_interval(secs => :delay_seconds) END,
+               updated_at = now()
+          FROM held
+         WHERE k.idempotency_key = :key AND k.fence = :fence AND k.lease_token = :token
+           AND k.status = 'processing'
+        RETURNING k.idempotency_key, k.actor, k.correlation_id, k.status, k.next_attempt_at
+    ), queued AS (
+        INSERT INTO outbox (idempotency_key, task_name, correlation_id, available_at)
+        SELECT idempotency_key, :task_name, correlation_id, next_attempt_at
+          FROM deferred WHERE actor = 'worker' AND status = 'failed_retryable'
+    )
+    SELECT status, next_attempt_at FROM deferred
+    """
+)
+
+RESET_FOR_REPLAY: TextClause = text(
+    """
+    -- Back to pending with a fresh attempt budget. The fence goes up and the token is
+    -- cleared, so the holder of an expired lease can no longer write; a key replayed out of
+    -- processing becomes uncertain (its holder may have acted), and uncertainty is kept, so
+    -- the next claim reconciles first.
+    UPDATE idempotency_keys
+       SET status = 'pending', attempts = 0, fence = fence + 1, lease_token = NULL,
+           lease_owner = NULL, locked_until = NULL, next_attempt_at = NULL,
+           first_failed_at = NULL, uncertain = uncertain OR status = 'processing',
+           updated_at = now()
+     WHERE idempotency_key = ANY(:keys)
+    RETURNING idempotency_key, correlation_id
+    """
+)
+
+ENQUEUE_REPLAYED: TextClause = text(
+    """
+    -- Only worker keys get a delivery: a workflow key replayed is claimable, and its
+    -- workflow claims it.
+    INSERT INTO outbox (idempotency_key, task_name, correlation_id)
+    SELECT idempotency_key, :task_name, correlation_id
+      FROM idempotency_keys WHERE idempotency_key = ANY(:keys) AND actor = 'worker'
+    """
+)

@@ -1,0 +1,149 @@
+"""The maintenance statements: the sweeper's re-drives and the purge's bounded deletes.
+
+The sweeper (`outbox.maintenance.sweeper`) re-sends keys whose delivery was lost, one sweeper
+at a time; the purge (`outbox.maintenance.purge`) forgets expired keys and old published outbox
+rows in bounded batches. Callers own the transactions; nothing here commits.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, text
+
+# -- sweeper ----------------------------------------------------------------------------------
+
+TRY_SWEEPER_LOCK: TextClause = text(
+    """
+    -- One sweeper at a time: the lock is held until this transaction ends.
+    SELECT pg_try_advisory_xact_lock(:lock_id)
+    """
+)
+
+REDRIVE_EXPIRED_LEASES: TextClause = text(
+    """
+    -- Worker keys whose holder stopped renewing (crashed, killed, partitioned): queue a new
+    -- delivery (a workflow's expired claim is left to its workflow's next claim).
+    -- The next claim takes over the lease with a newer fence and reconciles first. A key with
+    -- an unpublished row is left alone, and each re-send since the claim waits twice as long
+    -- as the one before (grace, 2x, 4x ... 64x): a queue that is merely slow gets a few copies,
+    -- not one per pass.
+    WITH expired AS (
+        SELECT k.idempotency_key, k.correlation_id
+          FROM idempotency_keys k
+          CROSS JOIN LATERAL (
+              SELECT count(*) FILTER (WHERE o.created_at >= k.updated_at) AS resent,
+                     COALESCE(bool_or(o.published_at IS NULL), false) AS waiting,
+                     max(o.created_at) AS last_queued
+                FROM outbox o WHERE o.idempotency_key = k.idempotency_key) sent
+         WHERE k.status = 'processing' AND k.locked_until < now() AND k.actor = 'worker'
+           AND NOT sent.waiting
+           AND (sent.resent = 0
+                OR sent.last_queued < now() - make_interval(
+                       secs => :grace_seconds * power(2, LEAST(sent.resent - 1, 6))))
+         LIMIT :limit
+           FOR UPDATE OF k SKIP LOCKED
+    )
+    INSERT INTO outbox (idempotency_key, task_name, correlation_id)
+    SELECT idempotency_key, :task_name, correlation_id FROM expired
+    RETURNING idempotency_key
+    """
+)
+
+REDRIVE_STALLED_KEYS: TextClause = text(
+    """
+    -- Keys waiting for a delivery whose message was published but never consumed (Redis
+    -- restarted or flushed): pending or due for a retry, untouched for the grace period, no
+    -- unpublished row, and the last message older than the grace period doubled for each
+    -- re-send since the key's last change (so a slow queue is not flooded with copies).
+    WITH stalled AS (
+        SELECT k.idempotency_key, k.correlation_id
+          FROM idempotency_keys k
+          CROSS JOIN LATERAL (
+              SELECT count(*) FILTER (WHERE o.created_at >= k.updated_at) AS queued,
+                     COALESCE(bool_or(o.published_at IS NULL), false) AS waiting,
+                     max(o.published_at) AS last_published
+                FROM outbox o WHERE o.idempotency_key = k.idempotency_key) sent
+         WHERE k.status IN ('pending', 'failed_retryable') AND k.actor = 'worker'
+           AND k.updated_at < now() - make_interval(secs => :grace_seconds)
+           -- A paused route holds its keys on purpose; resuming queues them.
+           AND NOT EXISTS (SELECT 1 FROM route_state r WHERE r.route = k.route AND r.paused)
+           AND (k.next_attempt_at IS NULL
+                OR k.next_attempt_at < now() - make_interval(secs => :grace_seconds))
+           AND NOT sent.waiting
+           AND sent.last_published < now() - make_interval(
+                   secs => :grace_seconds * power(2, LEAST(GREATEST(sent.queued - 1, 0), 6)))
+         LIMIT :limit
+           FOR UPDATE OF k SKIP LOCKED
+    )
+    INSERT INTO outbox (idempotency_key, task_name, correlation_id)
+    SELECT idempotency_key, :task_name, correlation_id FROM stalled
+    RETURNING idempotency_key
+    """
+)
+
+# -- purge ------------------------------------------------------------------------------------
+
+COUNT_PURGEABLE: TextClause = text(
+    """
+    SELECT count(*) FROM idempotency_keys k
+     WHERE k.expires_at < now()
+           AND (k.status IN ('succeeded', 'failed_final', 'quarantined')
+                OR (k.actor = 'workflow'
+                    AND (k.status <> 'processing' OR k.locked_until < now())))
+       AND NOT EXISTS (SELECT 1 FROM dead_letters d
+                        WHERE d.idempotency_key = k.idempotency_key AND d.resolution = 'open')
+    """
+)
+
+PURGE_EXPIRED_KEYS: TextClause = text(
+    """
+    -- Expired keys go with their event, outbox rows and resolved dead letters (cascade), a
+    -- bounded batch at a time: finished keys, and workflow keys nobody holds (their workflow
+    -- gave up). Never a worker key still on its way (the sweeper drives it to an end first),
+    -- never a held lease, never a key with an open dead letter.
+    WITH doomed AS (
+        SELECT k.idempotency_key FROM idempotency_keys k
+         WHERE k.expires_at < now()
+           AND (k.status IN ('succeeded', 'failed_final', 'quarantined')
+                OR (k.actor = 'workflow'
+                    AND (k.status <> 'processing' OR k.locked_until < now())))
+           AND NOT EXISTS (SELECT 1 FROM dead_letters d
+                            WHERE d.idempotency_key = k.idempotency_key
+                              AND d.resolution = 'open')
+         LIMIT :limit
+           FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM idempotency_keys k USING doomed
+     WHERE k.idempotency_key = doomed.idempotency_key
+    RETURNING k.idempotency_key
+    """
+)
+
+COUNT_PRUNABLE_OUTBOX: TextClause = text(
+    """
+    -- Rows of keys the purge removes anyway go with them (cascade) and are not counted here.
+    SELECT count(*) FROM outbox o
+     WHERE o.published_at < now() - make_interval(secs => :retention_seconds)
+       AND NOT EXISTS (
+           SELECT 1 FROM idempotency_keys k
+            WHERE k.idempotency_key = o.idempotency_key
+              AND k.expires_at < now()
+              AND (k.status IN ('succeeded', 'failed_final', 'quarantined')
+                   OR (k.actor = 'workflow'
+                       AND (k.status <> 'processing' OR k.locked_until < now())))
+              AND NOT EXISTS (SELECT 1 FROM dead_letters d
+                               WHERE d.idempotency_key = k.idempotency_key
+                                 AND d.resolution = 'open'))
+    """
+)
+
+PRUNE_PUBLISHED_OUTBOX: TextClause = text(
+    """
+    -- Published rows are history once past the retention; a bounded batch at a time.
+    DELETE FROM outbox WHERE id IN (
+        SELECT id FROM outbox
+         WHERE published_at < now() - make_interval(secs => :retention_seconds)
+         LIMIT :limit
+    )
+    RETURNING id
+    """
+)

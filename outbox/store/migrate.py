@@ -1,0 +1,41 @@
+"""Apply and inspect the schema with Alembic, from code rather than an ini file on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection
+
+import migrations
+from outbox.core.settings import sqlalchemy_url
+
+SCRIPT_LOCATION = str(Path(migrations.__file__).parent)
+
+
+def alembic_config(database_url: str) -> Config:
+    """An Alembic config for this project's migrations against `database_url`."""
+    config = Config()
+    config.set_main_option("script_location", SCRIPT_LOCATION)
+    # ConfigParser interpolation would eat '%' in passwords.
+    config.set_main_option("sqlalchemy.url", sqlalchemy_url(database_url).replace("%", "%%"))
+    return config
+
+
+def upgrade(database_url: str, revision: str = "head") -> str:
+    """Bring the database to `revision` (the latest by default); returns the revision asked
+    for, the newest one's id for "head" (alembic's own lines are left out of the log)."""
+    command.upgrade(alembic_config(database_url), revision)
+    if revision != "head":
+        return revision
+    return ",".join(sorted(ScriptDirectory(SCRIPT_LOCATION).get_heads()))
+
+
+def is_at_head(connection: Connection) -> bool:
+    """Whether the database's schema revision is the newest one this code knows."""
+    script = ScriptDirectory(SCRIPT_LOCATION)
+    current = set(MigrationContext.configure(connection).get_current_heads())
+    return current == set(script.get_heads())

@@ -1,0 +1,200 @@
+"""The operators' statements: listing and resolving dead letters, replays, stats.
+
+Optional filters are written `(:x IS NULL OR column = :x)` so each statement stays one readable
+piece of SQL with named binds. Globs arrive already turned into LIKE patterns.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, text
+
+LIST_DEAD_LETTERS: TextClause = text(
+    """
+    SELECT d.id, d.idempotency_key, d.kind, d.error_code, d.attempts, d.first_failed_at,
+           d.last_failed_at, d.resolution, d.resolved_by, d.resolved_at, d.created_at,
+           k.source, k.event_type, k.route, k.status
+      FROM dead_letters d JOIN idempotency_keys k USING (idempotency_key)
+     WHERE (CAST(:event_type_like AS text) IS NULL OR k.event_type LIKE :event_type_like)
+       AND (CAST(:source AS text) IS NULL OR k.source = :source)
+       AND (CAST(:kind AS text) IS NULL OR d.kind = :kind)
+       AND (CAST(:resolution AS text) IS NULL OR d.resolution = :resolution)
+       AND (CAST(:since AS timestamptz) IS NULL OR d.created_at >= :since)
+       AND (CAST(:until AS timestamptz) IS NULL OR d.created_at < :until)
+       AND (CAST(:before_id AS bigint) IS NULL OR d.id < :before_id)
+     ORDER BY d.id DESC
+     LIMIT :limit
+    """
+)
+
+GET_DEAD_LETTER: TextClause = text(
+    """
+    SELECT d.*, k.source, k.event_type, k.route, k.status, k.correlation_id,
+           k.attempts AS key_attempts, k.created_at AS accepted_at, k.reclaimed_count,
+           k.blocked_deliveries, k.duplicate_count, e.external_id, e.version, e.payload
+      FROM dead_letters d
+      JOIN idempotency_keys k USING (idempotency_key)
+      JOIN events e USING (idempotency_key)
+     WHERE d.id = :id
+    """
+)
+
+DEAD_LETTER_HISTORY: TextClause = text(
+    """
+    -- Every dead letter the key has had: the attempt history across replays.
+    SELECT id, kind, error_code, attempts, first_failed_at, last_failed_at, resolution,
+           resolved_by, resolved_at
+      FROM dead_letters
+     WHERE idempotency_key = :key
+     ORDER BY id
+    """
+)
+
+DISCARD_DEAD_LETTER: TextClause = text(
+    """
+    -- Only an open dead letter can be discarded; the answer says whether one was.
+    UPDATE dead_letters
+       SET resolution = 'discarded', resolved_by = :by, resolved_at = now(),
+           resolution_note = :reason
+     WHERE id = :id AND resolution = 'open'
+    RETURNING id
+    """
+)
+
+REPLAY_CANDIDATES: TextClause = text(
+    """
+    -- The keys a replay filter matches, with what decides whether each may be replayed.
+    -- Locked in the executing transaction so the set cannot change under the check.
+    SELECT k.idempotency_key, k.status, k.event_type, k.source, k.route,
+           (k.status = 'processing' AND k.locked_until >= now()) AS lease_live
+      FROM idempotency_keys k
+     WHERE (CAST(:keys AS text[]) IS NULL OR k.idempotency_key = ANY(:keys))
+       AND (CAST(:statuses AS text[]) IS NULL OR k.status = ANY(:statuses))
+       AND (CAST(:event_type_like AS text) IS NULL OR k.event_type LIKE :event_type_like)
+       AND (CAST(:source AS text) IS NULL OR k.source = :source)
+       AND (CAST(:since AS timestamptz) IS NULL OR k.updated_at >= :since)
+       AND (CAST(:until AS timestamptz) IS NULL OR k.updated_at < :until)
+     ORDER BY k.idempotency_key
+     LIMIT :limit
+    """
+)
+
+LOCK_KEYS: TextClause = text(
+    """
+    SELECT idempotency_key FROM idempotency_keys
+     WHERE idempotency_key = ANY(:keys)
+     ORDER BY idempotency_key
+       FOR UPDATE
+    """
+)
+
+MARK_DEAD_LETTERS_REPLAYED: TextClause = text(
+    """
+    UPDATE dead_letters
+       SET resolution = 'replayed', resolved_by = :by, resolved_at = now()
+     WHERE idempotency_key = ANY(:keys) AND resolution = 'open'
+    """
+)
+
+RECORD_REPLAY: TextClause = text(
+    """
+    INSERT INTO replays (requested_by, filter, key_count, keys)
+    VALUES (:by, CAST(:filter AS jsonb), :count, :keys)
+    RETURNING id
+    """
+)
+
+STATS_KEYS_UNFINISHED: TextClause = text(
+    """
+    -- Exact counts of every status but succeeded, each through its partial index, so the
+    -- cost follows the keys in these states, not the table (a million succeeded keys are
+    -- never read).
+    SELECT status, count(*) AS keys FROM idempotency_keys
+     WHERE status IN ('pending', 'failed_retryable') GROUP BY status
+    UNION ALL
+    SELECT 'processing', count(*) FROM idempotency_keys WHERE status = 'processing'
+    UNION ALL
+    SELECT status, count(*) FROM idempotency_keys
+     WHERE status IN ('failed_final', 'quarantined') GROUP BY status
+    """
+)
+
+STATS_KEYS_ESTIMATE: TextClause = text(
+    """
+    -- The table's rows as the planner estimates them: the density at the last ANALYZE
+    -- times the pages the table has now (no rows are read). NULL before the first ANALYZE.
+    SELECT CASE WHEN c.reltuples < 0 THEN NULL
+                WHEN c.relpages = 0 THEN c.reltuples
+                ELSE c.reltuples / c.relpages
+                     * (pg_relation_size(c.oid) / current_setting('block_size')::int)
+           END AS estimate
+      FROM pg_class c
+     WHERE c.oid = 'idempotency_keys'::regclass
+    """
+)
+
+STATS_KEYS_SUCCEEDED: TextClause = text(
+    """
+    -- The exact count, used only while the table is small (see stats.EXACT_BELOW).
+    SELECT count(*) FROM idempotency_keys WHERE status = 'succeeded'
+    """
+)
+
+STATS_COUNTER_TOTALS: TextClause = text(
+    """
+    -- Repeats blocked and leases reclaimed, kept as they happen (migration 0007's trigger):
+    -- a handful of rows, never a sum over the keys.
+    SELECT COALESCE(sum(duplicates), 0) AS duplicates, COALESCE(sum(blocked), 0) AS blocked,
+           COALESCE(sum(reclaimed), 0) AS reclaimed
+      FROM key_counter_totals
+    """
+)
+
+STATS_OUTBOX: TextClause = text(
+    """
+    SELECT count(*) FILTER (WHERE available_at <= now()) AS due,
+           count(*) AS unpublished,
+           COALESCE(EXTRACT(EPOCH FROM now() - min(available_at)
+                            FILTER (WHERE available_at <= now())), 0) AS oldest_due_age
+      FROM outbox WHERE published_at IS NULL
+    """
+)
+
+STATS_PROCESSING: TextClause = text(
+    """
+    SELECT count(*) AS processing,
+           COALESCE(EXTRACT(EPOCH FROM now() - min(updated_at)), 0) AS oldest_age,
+           count(*) FILTER (WHERE locked_until < now()) AS lease_expired
+      FROM idempotency_keys WHERE status = 'processing'
+    """
+)
+
+STATS_DEAD_LETTERS: TextClause = text(
+    """
+    SELECT kind, count(*) AS open FROM dead_letters WHERE resolution = 'open' GROUP BY kind
+    """
+)
+
+STUCK_KEYS: TextClause = text(
+    """
+    -- Keys not finished long after their last change: a worker or broker problem to look at.
+    -- A key waiting on a paused route or an open circuit is held on purpose, not stuck.
+    -- Two branches, each through its partial index (waiting keys, processing keys).
+    SELECT idempotency_key, status, event_type, attempts, updated_at,
+           EXTRACT(EPOCH FROM now() - updated_at) AS age_seconds
+      FROM (SELECT idempotency_key, status, event_type, attempts, updated_at
+              FROM idempotency_keys k
+             WHERE status IN ('pending', 'failed_retryable')
+               AND updated_at < now() - make_interval(secs => :older_than_seconds)
+               AND (status <> 'failed_retryable' OR next_attempt_at < now())
+               AND NOT EXISTS (
+                   SELECT 1 FROM route_state r
+                    WHERE r.route = k.route AND (r.paused OR r.circuit <> 'closed'))
+            UNION ALL
+            SELECT idempotency_key, status, event_type, attempts, updated_at
+              FROM idempotency_keys
+             WHERE status = 'processing'
+               AND updated_at < now() - make_interval(secs => :older_than_seconds)) unfinished
+     ORDER BY updated_at
+     LIMIT :limit
+    """
+)

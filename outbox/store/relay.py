@@ -1,0 +1,66 @@
+"""The relay's statements: take a batch of due outbox rows under a lease, mark them published.
+
+Each with the guarantee it gives; the relay's loop (`outbox.relay.loop`) decides when to run
+them and owns the transactions.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, text
+
+CLAIM_DUE_OUTBOX: TextClause = text(
+    """
+    -- Take a batch of due, unpublished rows that no relay holds, and hold them for
+    -- :lease_seconds: committed at once, so the publish that follows runs with no transaction
+    -- open. SKIP LOCKED and the lease keep concurrent relays on disjoint rows; selecting by
+    -- state (not by id > last seen) never skips a late-committing row. A relay that dies
+    -- before marking leaves its rows to whichever relay comes after the lease (a second
+    -- publish is harmless: the worker's claim refuses a finished or held key).
+    WITH due AS (
+        SELECT id
+          FROM outbox
+         WHERE published_at IS NULL AND available_at <= now()
+           AND (claimed_until IS NULL OR claimed_until < now())
+         ORDER BY available_at, id
+         LIMIT :limit
+           FOR UPDATE SKIP LOCKED
+    )
+    UPDATE outbox o
+       SET claimed_until = now() + make_interval(secs => :lease_seconds),
+           publish_attempts = o.publish_attempts + 1
+      FROM due
+     WHERE o.id = due.id
+    RETURNING o.id, o.idempotency_key, o.task_name, o.correlation_id, o.available_at,
+              EXTRACT(EPOCH FROM now() - o.available_at)::float8 AS waited_seconds
+    """
+)
+
+MARK_PUBLISHED: TextClause = text(
+    """
+    -- After the send: a row is marked only once its message is in the broker.
+    UPDATE outbox
+       SET published_at = now(), claimed_until = NULL
+     WHERE id = ANY(:ids) AND published_at IS NULL
+    """
+)
+
+RELEASE_OUTBOX_CLAIM: TextClause = text(
+    """
+    -- The broker refused a batch: give its unsent rows back at once instead of at the end
+    -- of the lease, so any relay may try them again after its backoff.
+    UPDATE outbox
+       SET claimed_until = NULL
+     WHERE id = ANY(:ids) AND published_at IS NULL
+    """
+)
+
+SECONDS_UNTIL_NEXT_DUE: TextClause = text(
+    """
+    -- How long the relay may sleep before a row nobody holds falls due (a retry, or a row
+    -- whose holder's lease ended). Rows another relay holds are that relay's to publish; if
+    -- it dies, the poll finds them once its lease is over.
+    SELECT EXTRACT(EPOCH FROM min(available_at) - now())
+      FROM outbox
+     WHERE published_at IS NULL AND (claimed_until IS NULL OR claimed_until < now())
+    """
+)

@@ -1,0 +1,242 @@
+"""The relay's batch on real PostgreSQL and Redis: a committed claim lease, a publish with no
+transaction open, takeover after a dead relay's lease, and waiting (not spinning) when another
+relay holds the due rows."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis as redis_client
+from celery import Celery
+from sqlalchemy import Engine, event
+
+from outbox.core.settings import Settings
+from outbox.core.wire import TASK_QUEUE
+from outbox.relay.loop import IDLE_FLOOR_SECONDS, publish_due_batch, run_relay
+from outbox.relay.publisher import OutboxMessage, create_publisher, publish
+from outbox.store import relay as queries
+from outbox.store.engines import create_relay_engine
+from tests.support import query
+
+CLAIM_SECONDS = 30.0
+
+
+def _fill(db: str, rows: int, *, waited: str = "0 seconds") -> None:
+    """`rows` due outbox rows with their keys, each due since `waited` ago."""
+    query(
+        db,
+        """
+        INSERT INTO idempotency_keys (idempotency_key, payload_hash, correlation_id, source,
+                                      event_type, route, expires_at)
+        SELECT 'k-' || g, 'h', 'c-' || g, 's', 'e', 'default', now() + interval '1 day'
+          FROM generate_series(1, %(n)s) g
+        """,
+        {"n": rows},
+    )
+    query(
+        db,
+        "INSERT INTO outbox (idempotency_key, task_name, correlation_id, available_at)"
+        " SELECT 'k-' || g, 'idem.process', 'c-' || g, now() - CAST(%(waited)s AS interval)"
+        "   FROM generate_series(1, %(n)s) g",
+        {"n": rows, "waited": waited},
+    )
+
+
+def _count(db: str, where: str) -> int:
+    return int(query(db, f"SELECT count(*) FROM outbox WHERE {where}")[0][0])
+
+
+@pytest.fixture
+def settings(own_database: str, own_redis: str) -> Settings:
+    return Settings(database_url=own_database, redis_url=own_redis, relay_poll_seconds=1.0)
+
+
+@pytest.fixture
+def engine(settings: Settings) -> Iterator[Engine]:
+    engine = create_relay_engine(settings)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def app(settings: Settings) -> Celery:
+    return create_publisher(settings)
+
+
+@pytest.fixture
+def queue(own_redis: str) -> Iterator[redis_client.Redis[Any]]:
+    client: redis_client.Redis[Any] = redis_client.Redis.from_url(own_redis)
+    client.unlink(TASK_QUEUE)
+    yield client
+    client.unlink(TASK_QUEUE)
+    client.close()
+
+
+def test_the_claim_is_committed_and_no_transaction_is_open_while_publishing(
+    own_database: str, engine: Engine, app: Celery, queue: redis_client.Redis[Any]
+) -> None:
+    """While the relay sends a batch, its rows are already held (seen from another
+    connection) and none of the database's connections is idle in a transaction."""
+    db = own_database
+    _fill(db, 20)
+    seen: dict[str, int] = {}
+
+    def send(app: Celery, messages: list[OutboxMessage], sent: list[int]) -> None:
+        seen["held"] = _count(db, "claimed_until > now() AND published_at IS NULL")
+        seen["in_transaction"] = int(
+            query(
+                db,
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND state LIKE 'idle in transaction%%'",
+            )[0][0]
+        )
+        publish(app, messages, sent)
+
+    batch = publish_due_batch(engine, app, 500, CLAIM_SECONDS, send)
+
+    assert (batch.taken, batch.published) == (20, 20)
+    assert seen == {"held": 20, "in_transaction": 0}
+    assert queue.llen(TASK_QUEUE) == 20
+    assert _count(db, "published_at IS NOT NULL AND claimed_until IS NULL") == 20
+    assert query(db, "SELECT min(publish_attempts), max(publish_attempts) FROM outbox") == [(1, 1)]
+
+
+def test_a_failed_publish_gives_the_rows_back(
+    own_database: str, engine: Engine, app: Celery, queue: redis_client.Redis[Any]
+) -> None:
+    """A broker error during the send leaves every row of the batch unpublished and free for
+    the next pass, not held until the lease ends."""
+    db = own_database
+    _fill(db, 5)
+
+    def refuse(app: Celery, messages: list[OutboxMessage], sent: list[int]) -> None:
+        raise ConnectionError("broker away")
+
+    with pytest.raises(ConnectionError):
+        publish_due_batch(engine, app, 500, CLAIM_SECONDS, refuse)
+
+    assert _count(db, "published_at IS NULL AND claimed_until IS NULL") == 5
+    again = publish_due_batch(engine, app, 500, CLAIM_SECONDS)
+    assert (again.taken, again.published) == (5, 5)
+    assert queue.llen(TASK_QUEUE) == 5
+
+
+def test_rows_of_a_relay_that_died_mid_publish_are_taken_after_its_lease(
+    own_database: str, engine: Engine, app: Celery, queue: redis_client.Redis[Any]
+) -> None:
+    """Rows a relay took and never marked stay with it while its lease runs, then another
+    relay publishes every one of them exactly once."""
+    db = own_database
+    _fill(db, 30)
+    # The dead relay: it took the rows (committed) and never came back.
+    query(
+        db,
+        str(queries.CLAIM_DUE_OUTBOX).replace(":limit", "500").replace(":lease_seconds", "30"),
+    )
+
+    held = publish_due_batch(engine, app, 500, CLAIM_SECONDS)
+    assert (held.taken, queue.llen(TASK_QUEUE)) == (0, 0)
+
+    # Its lease ends (moved by the database clock rather than waited for).
+    query(db, "UPDATE outbox SET claimed_until = now() - interval '1 second'")
+    taken = publish_due_batch(engine, app, 500, CLAIM_SECONDS)
+
+    assert (taken.taken, taken.published) == (30, 30)
+    ids = [json.loads(m)["headers"]["id"] for m in queue.lrange(TASK_QUEUE, 0, -1)]
+    assert len(ids) == len(set(ids)) == 30
+    assert _count(db, "published_at IS NULL") == 0
+    assert query(db, "SELECT min(publish_attempts), max(publish_attempts) FROM outbox") == [(2, 2)]
+
+
+class CountingWaiter:
+    """Stands in for the LISTEN connection: records each wait and the statements the relay
+    sent since the previous one, and stops the relay after `waits` waits."""
+
+    def __init__(self, stop: threading.Event, waits: int) -> None:
+        self.stop = stop
+        self.waits = waits
+        self.statements = 0
+        self.log: list[tuple[float, int]] = []
+
+    def wait(self, timeout: float) -> None:
+        self.log.append((timeout, self.statements))
+        self.statements = 0
+        if len(self.log) >= self.waits:
+            self.stop.set()
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("held_by", ["lease", "row lock"])
+def test_a_relay_waits_while_another_holds_the_due_rows(
+    held_by: str,
+    own_database: str,
+    settings: Settings,
+    engine: Engine,
+    app: Celery,
+    queue: redis_client.Redis[Any],
+) -> None:
+    """When every due row is held by another relay (its lease, or a lock of a statement in
+    progress), each pass of the loop sends two statements and then waits, never zero seconds:
+    no busy loop, and nothing published."""
+    db = own_database
+    _fill(db, 50)
+    blocker = None
+    if held_by == "lease":
+        query(db, "UPDATE outbox SET claimed_until = now() + interval '1 hour'")
+    else:
+        import psycopg
+
+        from tests.support import libpq
+
+        blocker = psycopg.connect(libpq(db))
+        blocker.execute("SELECT id FROM outbox FOR UPDATE")
+    stop = threading.Event()
+    waiter = CountingWaiter(stop, waits=20)
+
+    def count(*_: Any) -> None:
+        waiter.statements += 1
+        if waiter.statements > 100:
+            stop.set()  # a spin: end the loop so the assertions below say so
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        run_relay(settings, engine, app, stop, listener=waiter)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+        if blocker is not None:
+            blocker.close()
+
+    assert len(waiter.log) == 20
+    # Claim, then "when is the next row due", then a wait: per pass, never more.
+    assert all(statements == 2 for _, statements in waiter.log)
+    floor = settings.relay_poll_seconds if held_by == "lease" else IDLE_FLOOR_SECONDS
+    assert all(timeout >= floor for timeout, _ in waiter.log)
+    assert queue.llen(TASK_QUEUE) == 0
+
+
+def test_sigterm_ends_the_relay_in_the_middle_of_a_long_wait(private_stack: Any) -> None:
+    """A relay idling in a 60 s poll stops when SIGTERM comes, not when the poll ends: the
+    signal wakes its LISTEN wait (a supervisor's stop and every test teardown wait on this)."""
+    import signal
+    import time
+
+    stack = private_stack
+    stack.extra_env["RELAY_POLL_SECONDS"] = "60"
+    stack.start_relay()
+    process = stack.processes["relay"]
+    deadline = time.monotonic() + 30
+    while '"relay.started"' not in stack.logs("relay") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)  # into its idle wait
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0
+    assert '"relay.stopped"' in stack.logs("relay")
+    # It left its wait because of the signal: its only idle wait was to last a minute.
+    started = [json.loads(line) for line in stack.logs("relay").splitlines() if "relay." in line]
+    assert [line["event"] for line in started][-1] == "relay.stopped"

@@ -1,0 +1,62 @@
+"""What a process writes to its log: the gateway's own lines, no library narration at INFO,
+no colour codes where the output is not a terminal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+# Logs one line of the gateway's, then what the libraries say in routine work and in trouble.
+SCRIPT = """
+import logging, sys
+from outbox.core.logs import configure_logging, get_logger
+configure_logging(sys.argv[1], "INFO")
+get_logger("idem").info("gateway.line", n=1)
+logging.getLogger("alembic.runtime.migration").info("Context impl PostgresqlImpl.")
+logging.getLogger("alembic.runtime.plugins").info("setup plugin alembic.autogenerate.schemas")
+logging.getLogger("pgserver").info("Running commandline: initdb")
+logging.getLogger("uvicorn.error").info("Started server process")
+logging.getLogger("celery.worker.consumer.connection").info("Connected to redis://")
+logging.getLogger("pgserver").error("Failed postgres command initdb")
+logging.getLogger("alembic").warning("alembic.trouble")
+"""
+
+
+def _log(log_format: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, log_format],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return done.stderr
+
+
+@pytest.mark.parametrize("log_format", ["console", "json"])
+def test_libraries_routine_lines_are_left_out_and_their_trouble_kept(log_format: str) -> None:
+    """alembic, pgserver, uvicorn and celery's connection say nothing at INFO; their warnings
+    and errors show."""
+    lines = _log(log_format).splitlines()
+    assert any("gateway.line" in line for line in lines)
+    routines = (
+        "Context impl",
+        "setup plugin",
+        "Running commandline",
+        "Started server",
+        "Connected",
+    )
+    for routine in routines:
+        assert not any(routine in line for line in lines), routine
+    assert any("Failed postgres command" in line for line in lines)
+    assert any("alembic.trouble" in line for line in lines)
+    assert len(lines) == 3
+
+
+def test_console_lines_carry_no_colour_codes_off_a_terminal() -> None:
+    """The console format writes no ANSI escape codes into a pipe or a file."""
+    log = _log("console")
+    assert "gateway.line" in log
+    assert "\x1b[" not in log

@@ -1,0 +1,46 @@
+"""The relay's pacing and idle waits, as pure functions of what a pass did."""
+
+from __future__ import annotations
+
+import pytest
+
+from outbox.relay.loop import IDLE_FLOOR_SECONDS, Batch, Pacer, idle_wait
+
+PACER = Pacer(rate=2000.0, age_seconds=5.0)
+
+
+@pytest.mark.parametrize(
+    ("batch", "elapsed", "pause"),
+    [
+        (Batch(500, 500, 0.2), 0.01, 0.0),  # fresh rows: at once
+        (Batch(500, 500, 60.0), 0.05, 0.2),  # a backlog: 500 rows at 2000/s take 0.25 s
+        (Batch(500, 500, 60.0), 0.3, 0.0),  # the pass itself took longer than its share
+        (Batch(500, 0, 60.0), 0.01, 0.0),  # nothing went out: nothing to pace
+        (Batch(0, 0, 0.0), 0.0, 0.0),
+    ],
+)
+def test_only_a_backlog_is_paced(batch: Batch, elapsed: float, pause: float) -> None:
+    """Rows older than the age are published at the rate; fresh rows and empty passes are not
+    held back."""
+    assert PACER.pause(batch, elapsed) == pytest.approx(pause)
+
+
+def test_rate_zero_is_unbounded() -> None:
+    """RELAY_BACKLOG_RATE=0 never pauses."""
+    assert Pacer(rate=0.0, age_seconds=0.0).pause(Batch(500, 500, 3600.0), 0.0) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("batch", "next_due", "wait"),
+    [
+        (Batch(0, 0, 0.0), None, 1.0),  # nothing unpublished: the poll interval
+        (Batch(3, 3, 0.0), -0.5, 0.0),  # progress and more due: go on
+        (Batch(0, 0, 0.0), -0.5, IDLE_FLOOR_SECONDS),  # due but locked elsewhere: the floor
+        (Batch(0, 0, 0.0), 0.4, 0.4),  # a retry falls due soon
+        (Batch(0, 0, 0.0), 30.0, 1.0),  # a retry far off: the poll interval
+    ],
+)
+def test_an_idle_pass_never_spins(batch: Batch, next_due: float | None, wait: float) -> None:
+    """A pass that took nothing always waits; one that made progress goes on while rows are
+    due."""
+    assert idle_wait(batch, next_due, poll_seconds=1.0) == pytest.approx(wait)
