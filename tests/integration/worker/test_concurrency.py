@@ -103,7 +103,9 @@ def test_a_lost_lease_among_32_attempts_cancels_only_its_own(
     """While 32 attempts run in one process, another holder takes one key over: that attempt
     records nothing (lease_lost), the other 31 succeed."""
     stack = private_stack
-    downstream.behaviour = lambda key, n: Reply(201, delay=2.5)
+    # No answer leaves the downstream until the key is taken over: all 32 are in flight then.
+    answers = threading.Event()
+    downstream.behaviour = lambda key, n: Reply(201, hold=answers)
     stack.extra_env["LEASE_SECONDS"] = "6"
     stack.start_all()
     keys = _post_many(stack, "one-lost", IN_FLIGHT)
@@ -116,6 +118,7 @@ def test_a_lost_lease_among_32_attempts_cancels_only_its_own(
         " WHERE idempotency_key = %s",
         (taken,),
     )
+    answers.set()
     wait_until(lambda: list(_statuses(stack).values()).count("succeeded") == IN_FLIGHT - 1)
     wait_until(lambda: '"lease_lost"' in stack.logs("worker"), timeout=20)
     assert _statuses(stack)[taken] == "processing"
