@@ -565,7 +565,13 @@ def run(args: argparse.Namespace) -> int:
             check.route_events(sorted(log_dir.glob("worker-*.log"))),
             db,
             in_flight=args.workers * args.concurrency,
-            kills=chaos.counts["kill_worker"],
+            # A worker killed while the route was down may take a probe with it.
+            kills=sum(
+                1
+                for entry in chaos.log
+                if entry["kind"] == "kill_worker"
+                and route_outage.start <= entry["at"] <= route_outage.end
+            ),
             violations=violations,
         )
         kinds = ("kill_worker", "kill_relay", "restart_redis", "restart_postgres", "route_down")

@@ -238,5 +238,5 @@ def test_sigterm_ends_the_relay_in_the_middle_of_a_long_wait(private_stack: Any)
     assert process.wait(timeout=30) == 0
     assert '"relay.stopped"' in stack.logs("relay")
     # It left its wait because of the signal: its only idle wait was to last a minute.
-    started = [json.loads(line) for line in stack.logs("relay").splitlines() if "relay." in line]
-    assert [line["event"] for line in started][-1] == "relay.stopped"
+    lines = [json.loads(line) for line in stack.logs("relay").splitlines() if "relay." in line]
+    assert [line["event"] for line in lines][-1] == "relay.stopped"
