@@ -8,11 +8,11 @@ import httpx
 import pytest
 
 from worker.errors import (
-    RequestInvalid,
     TRANSIENT_STATUS,
     ActionError,
     Failure,
     PermanentError,
+    RequestInvalid,
     TransientError,
     classify,
     error_for_response,
