@@ -29,9 +29,6 @@ row. A succeeded key is never replayed, so replaying the same set twice acts onc
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import hmac
 import json
 from collections import Counter
@@ -46,9 +43,10 @@ from sqlalchemy import Connection, Engine, RowMapping
 
 from outbox.core import keys
 from outbox.core.routes import RouteTable
-from outbox.core.settings import Settings
 from outbox.core.timewindow import glob_to_like, parse_instant
 from outbox.core.wire import PROCESS_TASK
+from outbox.operate.confirm import Token, confirm_token, read_token
+from outbox.operate.confirm import confirm_secret as confirm_secret
 from outbox.store import lifecycle
 from outbox.store import operate as q
 
@@ -150,15 +148,6 @@ class Stale:
     report: ReplayReport
 
 
-@dataclass(frozen=True)
-class Token:
-    """What a confirm token carries in clear; its MAC binds these to the filter."""
-
-    as_of: datetime
-    count: int
-    through: str | None
-
-
 def plan(
     conn: Connection, request: ReplayRequest, routes: RouteTable, *, secret: bytes
 ) -> ReplayReport:
@@ -169,7 +158,9 @@ def plan(
     token = Token(as_of, len(to_replay), to_replay[-1] if to_replay else None)
     # A set executed at once is bound key by key; a larger one by its time, count and end.
     bound = to_replay if len(to_replay) <= REPLAY_BATCH else None
-    return _report(rows, to_replay, routes, confirm_token(secret, request, token, bound))
+    return _report(
+        rows, to_replay, routes, confirm_token(secret, request.filter_document(), token, bound)
+    )
 
 
 def dry_run(
@@ -196,7 +187,9 @@ def execute(
     if token.count <= REPLAY_BATCH:
         return _execute_at_once(engine, request, routes, by, token, secret=secret)
     # Constant time: the token is a MAC, and a timing leak would let it be guessed.
-    if not hmac.compare_digest(confirm_token(secret, request, token, None), request.confirm or ""):
+    if not hmac.compare_digest(
+        confirm_token(secret, request.filter_document(), token, None), request.confirm or ""
+    ):
         return Stale(dry_run(engine, request, routes, secret=secret))
     return _execute_in_batches(engine, request, routes, by, token, progress)
 
@@ -219,7 +212,7 @@ def _execute_at_once(
         reset = _reset(conn, request, wanted, as_of=None)
         done = sorted(r["idempotency_key"] for r in reset)
         if not hmac.compare_digest(
-            confirm_token(secret, request, token, done), request.confirm or ""
+            confirm_token(secret, request.filter_document(), token, done), request.confirm or ""
         ):
             transaction.rollback()
             stale = True
@@ -372,59 +365,6 @@ def _report(
 
 def _replayable(row: RowMapping) -> bool:
     return _skip_reason(row["status"], row["lease_live"]) is None
-
-
-def confirm_secret(settings: Settings) -> bytes:
-    """The key confirm tokens are signed with: from REPLAY_SECRET, else from OPERATOR_TOKEN.
-
-    It must be the same in every process that may take either step: a dry run on one receiver
-    replica is often confirmed through another, and `idem replay` runs the dry run and the
-    execution as two processes. So it comes from configuration, never from a per-process
-    random (which would refuse every such confirmation as stale). OPERATOR_TOKEN is there
-    wherever the HTTP paths are enabled; REPLAY_SECRET, when set, keeps tokens unforgeable even
-    by holders of the operator token. With neither, only the CLI can replay, and whoever runs
-    it holds the database URL. Derived under its own label, so the key is neither the token
-    itself nor the console's session key.
-    """
-    secret = settings.replay_secret or settings.operator_token
-    return hmac.new(secret.encode(), b"replay-confirm", hashlib.sha256).digest()
-
-
-def confirm_token(
-    secret: bytes, request: ReplayRequest, token: Token, to_replay: list[str] | None
-) -> str:
-    """Binds the filter to the dry run's time, count and last key under the server's secret,
-    and, for a set executed at once, to its exact keys."""
-    head = {"as_of": token.as_of.isoformat(), "count": token.count, "through": token.through}
-    material = json.dumps(
-        {
-            "filter": request.filter_document(),
-            **head,
-            "keys": None if to_replay is None else sorted(to_replay),
-        },
-        sort_keys=True,
-        separators=(",", ":"),
-    )
-    mac = hmac.new(secret, material.encode(), hashlib.sha256).hexdigest()[:40]
-    clear = base64.urlsafe_b64encode(json.dumps(head, separators=(",", ":")).encode())
-    return f"rp3_{clear.decode().rstrip('=')}.{mac}"
-
-
-def read_token(confirm: str) -> Token | None:
-    """The clear part of a confirm token; None when it is not one (its MAC is checked later)."""
-    head, dot, _ = confirm.removeprefix("rp3_").partition(".")
-    if not confirm.startswith("rp3_") or not dot:
-        return None
-    try:
-        fields = json.loads(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)))
-        token = Token(
-            datetime.fromisoformat(fields["as_of"]), int(fields["count"]), fields["through"]
-        )
-    except (binascii.Error, ValueError, KeyError, TypeError):
-        return None
-    if token.count < 0 or not isinstance(token.through, str | None):
-        return None
-    return token
 
 
 def _skip_reason(status: str, lease_live: bool) -> str | None:
