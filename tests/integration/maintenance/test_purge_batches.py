@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import Engine
 
 from outbox.core.settings import Settings
 from outbox.maintenance.purge import purge
 from outbox.store.engines import create_sync_engine
 from tests.support import query
+
+
+@pytest.fixture
+def db(own_database: str) -> str:
+    """A database of this test's own: the shared stack's relay and workers never see its rows."""
+    return own_database
+
 
 KEYS = 30_000
 

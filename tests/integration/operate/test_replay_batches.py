@@ -15,6 +15,13 @@ from outbox.operate import replay
 from outbox.store.engines import create_sync_engine
 from tests.support import query, write_routes
 
+
+@pytest.fixture
+def db(own_database: str) -> str:
+    """A database of this test's own: the shared stack's relay and workers never see its rows."""
+    return own_database
+
+
 SECRET = b"test-replay-secret"
 KEYS = 30_000
 

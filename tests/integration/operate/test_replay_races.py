@@ -18,6 +18,13 @@ from tests.support import Downstream, query, seed_pending_key, write_routes
 from worker.attempt import run_attempt
 from worker.store import Claim, Failed, KeyStore
 
+
+@pytest.fixture
+def db(own_database: str) -> str:
+    """A database of this test's own: the shared stack's relay and workers never see its rows."""
+    return own_database
+
+
 SECRET = b"test-replay-secret"
 
 
