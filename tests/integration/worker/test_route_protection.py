@@ -8,13 +8,11 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from outbox.store import embedded
 from tests.chaos.plan import max_trials
 from tests.support import (
     AUTH,
@@ -72,21 +70,6 @@ name = "other"
         encoding="utf-8",
     )
     return path
-
-
-@pytest.fixture
-def protected(
-    own_database: str, downstream: Downstream, tmp_path: Path
-) -> Iterator[tuple[Stack, Path]]:
-    """An unstarted stack on its own database and Redis, with this module's routes; the test
-    writes the routes (for its breaker settings) and starts the processes it needs."""
-    downstream.reset()
-    redis_process, url = embedded.start_redis(tmp_path / "redis", appendonly=False)
-    stack = Stack(own_database, url, tmp_path / "routes.toml", tmp_path)
-    yield stack, stack.routes_file
-    stack.stop_all()
-    redis_process.terminate()
-    redis_process.wait(timeout=10)
 
 
 def _post(stack: Stack, body: dict[str, Any]) -> str:

@@ -1,0 +1,26 @@
+"""Fixtures of the worker's integration tests that start their own processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from outbox.store import embedded
+from tests.support import Downstream, Stack
+
+
+@pytest.fixture
+def protected(
+    own_database: str, downstream: Downstream, tmp_path: Path
+) -> Iterator[tuple[Stack, Path]]:
+    """An unstarted stack on its own database and Redis, with this module's routes; the test
+    writes the routes (for its breaker settings) and starts the processes it needs."""
+    downstream.reset()
+    redis_process, url = embedded.start_redis(tmp_path / "redis", appendonly=False)
+    stack = Stack(own_database, url, tmp_path / "routes.toml", tmp_path)
+    yield stack, stack.routes_file
+    stack.stop_all()
+    redis_process.terminate()
+    redis_process.wait(timeout=10)
