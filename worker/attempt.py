@@ -1,5 +1,5 @@
-"""One attempt at a key, top to bottom: claim → (reconcile) → act → record, ending in one
-closed outcome.
+"""One attempt at a key, top to bottom: claim → admit → act (reconcile first when uncertain)
+→ record → tell, ending in one closed outcome.
 
 The broker may deliver a message twice, late, or after another worker already finished the key;
 the claim makes all of that harmless. Recording names the fence and the claim's token, so an
@@ -16,8 +16,10 @@ Every path out of an attempt ends in a recorded outcome or in a lease given up:
   waiting and records nothing; the next holder finds the key uncertain and looks first;
 - a success whose result cannot be stored is still a success (`worker.results`);
 - a key its route cannot take now (paused, circuit open, over a limit) is given back unspent
-  before any external call (`worker.guard`), and each outcome at the downstream is told to the
-  route's circuit breaker.
+  before any external call (`worker.guard`, admit);
+- the outcome is recorded first, and only a recorded outcome at the downstream is then told to
+  the route's breaker (tell): bookkeeping that fails can neither hide an outcome nor make the
+  action run again.
 """
 
 from __future__ import annotations
@@ -130,6 +132,9 @@ def run_attempt(
     route = routes.by_label(claim.route) or routes.resolve(claim.event_type)
     started = time.monotonic()
     outcome: Outcome
+    # What the downstream did, for the breaker: set only when the action ran.
+    told: _Told | None = None
+    trial = False
     if route is None:
         outcome = DeadLetter(
             Failure(False, "no_route", f"no route named {claim.route!r} is configured"),
@@ -148,17 +153,18 @@ def run_attempt(
     else:
         limit = route.timeout_seconds or lease_seconds * DEFAULT_TIMEOUT_LEASES
         rng = rng or random.Random()
-        # A probe's time: its action's limit and a lease, after which another key may probe.
+        # A trial's time: its action's limit and a lease, after which another key may try.
         admission = guard.admit(route, claim, limit + lease_seconds, rng) if guard else Admitted()
         if isinstance(admission, Held):
             outcome = Deferred(admission.reason, admission.delay, admission.detail)
         else:
-            claim = replace(claim, permit=admission.permit)
+            claim, trial = replace(claim, permit=admission.permit), admission.trial
             release = guard.release if guard else None
             outcome = _act(store, route, claim, lease_seconds, limit, sent, rng, release)
-            if guard is not None:
-                outcome = _tell_breaker(guard, route, claim, outcome, admission.probe, rng)
+            told = _told(outcome)
     recorded = not isinstance(outcome, LeaseGivenUp) and _record(store, claim, outcome)
+    if recorded and guard is not None and route is not None and told is not None:
+        guard.tell(route, claim, told.failure, trial)
     elapsed = time.monotonic() - started
     result = _log_finished(outcome, recorded, round(elapsed * 1000, 1))
     error_code = outcome.failure.error_code if isinstance(outcome, RetryLater | DeadLetter) else ""
@@ -228,30 +234,25 @@ def _log_finished(outcome: Outcome, recorded: bool, duration_ms: float) -> str:
             assert_never(outcome)
 
 
-def _tell_breaker(
-    guard: RouteGuard,
-    route: Route,
-    claim: Claim,
-    outcome: Outcome,
-    probe: bool,
-    rng: random.Random,
-) -> Outcome:
-    """Report what the downstream did to the route's breaker. A probe the downstream refused
-    (it says it did nothing) re-opens the circuit and is given back unspent."""
+@dataclass(frozen=True)
+class _Told:
+    """What an action's outcome says about its route: answered (None) or a failure there."""
+
+    failure: Failure | None
+
+
+def _told(outcome: Outcome) -> _Told | None:
+    """What to tell the breaker of an action's outcome, or None when it says nothing of the
+    downstream (a broken contract, an error raised before sending, a lost lease)."""
     match outcome:
-        case Succeeded() | DeadLetter(kind="permanent"):
-            guard.answered(route, claim, probe)
-        case RetryLater(failure) | DeadLetter(failure, "retries_exhausted") if (
-            failure.transient and failure.error_code != "lease_lost"
-        ):
-            cooldown = guard.failed(route, claim, failure, probe)
-            if probe and cooldown is not None and not failure.uncertain:
-                spread = rng.uniform(0, min(1.0, route.circuit_cooldown_seconds / 10))
-                detail = f"the probe was refused ({failure.error_code}); the circuit is open"
-                return Deferred("circuit_open", cooldown + spread, detail)
+        case Succeeded():
+            return _Told(None)
+        case RetryLater(failure) | DeadLetter(failure) if failure.at_downstream:
+            return _Told(failure)
+        case DeadLetter(failure, "permanent") if not failure.local:
+            return _Told(None)  # the downstream answered, with a refusal
         case _:
-            pass
-    return outcome
+            return None
 
 
 @dataclass

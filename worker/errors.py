@@ -4,7 +4,10 @@
      ├── ActionError                    (raised on purpose by actions)
      │    ├── TransientError            retry later (optionally not before `retry_after`)
      │    └── PermanentError            retrying cannot help: dead letter now
+     │         └── RequestInvalid       the request could not be built here (a header that
+     │                                  is not ASCII, a body that is not JSON): nothing sent
      ├── httpx.TimeoutException         transient: timeout_connect / timeout_read / ...
+     ├── httpx.LocalProtocolError       permanent `request_invalid`: refused on our side
      ├── httpx.TransportError           transient: connect_refused / connection_dropped / ...
      └── anything else                  transient `unexpected_error` (a bug or a blip; the
                                         attempt budget bounds it)
@@ -26,6 +29,10 @@ the downstream and done its work although no success came back. Uncertain:
 Not uncertain (the downstream did not act): timeout_connect, connect_refused, timeout_pool,
 http_408, http_425, http_429, http_503, and an action's TransientError by default. A lost or
 expired lease makes the key uncertain at the next claim (`outbox.store.lifecycle.CLAIM_KEY`).
+
+And whether the failure is the key's own, raised on our side before anything was sent
+(`local`): `request_invalid`, `configuration` and `timeout_pool`. The route's breaker never
+hears of those; a downstream that never saw the request cannot be judged by it.
 """
 
 from __future__ import annotations
@@ -72,6 +79,13 @@ class PermanentError(ActionError):
     """Retrying cannot help (bad request, refused credentials, invalid data)."""
 
 
+class RequestInvalid(PermanentError):
+    """The request could not be built on our side; nothing was sent."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("request_invalid", detail)
+
+
 @dataclass(frozen=True)
 class Failure:
     """A classified failure: the code goes to the key row, the logs and the metrics."""
@@ -82,11 +96,20 @@ class Failure:
     retry_after: float | None = None
     # The effect may have happened although the attempt failed.
     uncertain: bool = False
+    # Raised on our side before anything reached the downstream: the key's own failure.
+    local: bool = False
+
+    @property
+    def at_downstream(self) -> bool:
+        """A transient failure the downstream (or the way to it) caused: what the breaker counts."""
+        return self.transient and not self.local and self.error_code != "lease_lost"
 
 
 def classify(error: BaseException) -> Failure:
     """Turn any exception from an action into a Failure."""
     match error:
+        case RequestInvalid():
+            return Failure(False, error.error_code, error.detail, local=True)
         case TransientError():
             return Failure(True, error.error_code, error.detail, error.retry_after, error.uncertain)
         case PermanentError():
@@ -98,9 +121,14 @@ def classify(error: BaseException) -> Failure:
         case httpx.WriteTimeout():
             return Failure(True, "timeout_write", "sending the request timed out", None, True)
         case httpx.PoolTimeout():
-            return Failure(True, "timeout_pool", "no free connection in the client pool")
+            return Failure(
+                True, "timeout_pool", "no free connection in the client pool", local=True
+            )
         case httpx.ConnectError():
             return Failure(True, "connect_refused", "could not connect")
+        case httpx.LocalProtocolError():
+            detail = "the HTTP client refused to send the request as built"
+            return Failure(False, "request_invalid", detail, local=True)
         case httpx.RemoteProtocolError() | httpx.ReadError():
             return Failure(
                 True, "connection_dropped", "the connection closed mid-response", None, True
@@ -108,7 +136,7 @@ def classify(error: BaseException) -> Failure:
         # Before TransportError, of which UnsupportedProtocol is a subclass: a URL that can
         # never work is not worth a retry.
         case httpx.InvalidURL() | httpx.UnsupportedProtocol():
-            return Failure(False, "configuration", "the route's URL is invalid")
+            return Failure(False, "configuration", "the route's URL is invalid", local=True)
         case httpx.TransportError():
             return Failure(True, "transport_error", type(error).__name__, None, True)
         case _:

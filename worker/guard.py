@@ -1,4 +1,5 @@
-"""Whether a route can take a claimed key now, and what its outcome tells the route's breaker.
+"""Whether a route can take a claimed key now (admit), and what its outcome tells the route's
+breaker (tell), the two steps around the action in claim → admit → act → record → tell.
 
 The guard runs between the claim and the action. A key its route cannot take is given back
 unspent (`lifecycle.DEFER`: the claim's attempt is returned, the key waits in the outbox or, on
@@ -6,17 +7,24 @@ a paused route, as pending) after at most a short wait, so it neither costs an a
 holds a worker for long:
 
     paused            → held as pending until an operator resumes the route
-    circuit open      → waits until the probe time (plus a little spread)
-    circuit half-open → one key is the probe; the others wait a cool-down, and come back at
-                        once when the probe closes the circuit (ROUTE_ANSWERED makes them due)
+    circuit open      → waits until the cool-down is over (plus a little spread)
+    circuit half-open → up to `circuit_half_open_calls` keys are trial calls; the others wait
+                        a cool-down, and come back at once when a trial closes the circuit
+                        (the closing worker releases them, a batch at a time)
     rate_per_second   → books the next send slot; a slot further off than a quarter second
                         is kept by the key (`rate_limited`) and used when it comes back
     max_in_flight     → takes a permit slot, polling for half a second; else waits a second
 
-The breaker counts transient failures of attempts at the downstream. A probe the downstream
-refuses (a failure that says it did nothing: 503, 429, connection refused) re-opens the circuit
-and is itself given back unspent: a key pays for an outage at most the one attempt that found
-it. Every state change is logged (`route.circuit_opened`, `route.circuit_closed`).
+The breaker judges the route by its recent calls (`outbox.store.routes.ROUTE_CALLS`): the
+failure rate over a sliding window with a minimum of calls from several keys, so one key the
+downstream always refuses never opens it. A call that was sent spends its key's attempt like
+any other, trials included, so every key ends within its budget; only a key held back unsent
+costs nothing. Failures raised on our side before sending (`Failure.local`) are never told.
+
+Telling comes after the outcome is recorded and can only lose bookkeeping, never an outcome:
+an error here is logged and counted (`route.tell_failed`). Successes are counted in the worker
+and sent with the next failure, or once a second, so a healthy route costs no statement per
+success. Every state change is logged (`route.circuit_opened`, `route.circuit_closed`).
 """
 
 from __future__ import annotations
@@ -24,13 +32,15 @@ from __future__ import annotations
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from sqlalchemy import RowMapping
 
 from outbox.core.logs import get_logger
 from outbox.core.routes import Route
 from outbox.store import routes as q
 from worker.errors import Failure
-from worker.instruments import THROTTLED
+from worker.instruments import BREAKER_ERRORS, THROTTLED
 from worker.store import Claim, KeyStore
 
 log = get_logger(__name__)
@@ -43,17 +53,23 @@ RATE_WAIT_INLINE_SECONDS = 0.25
 PERMIT_WAIT_SECONDS = 0.5
 PERMIT_POLL_SECONDS = 0.1
 PERMIT_RETRY_SECONDS = 1.0
-# The error code of a key waiting on an open circuit; ROUTE_ANSWERED releases exactly these.
+# The error code of a key waiting on an open circuit; a close releases exactly these.
 CIRCUIT_OPEN = "circuit_open"
+# Successes are sent to the route's window at most this often per process: the breaker needs
+# them for its rate, not to the millisecond.
+COUNT_EVERY_SECONDS = 1.0
+# Keys made due per statement when a circuit closes: a few milliseconds each, far inside the
+# statement timeout however many keys wait.
+RELEASE_BATCH = 1000
 RATE_LIMITED = "rate_limited"
 
 
 @dataclass(frozen=True)
 class Admitted:
-    """The route takes the key: with a permit slot to release, and whether it is the probe."""
+    """The route takes the key: with a permit slot to release, and whether it is a trial."""
 
     permit: int | None = None
-    probe: bool = False
+    trial: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,6 +81,15 @@ class Held:
     detail: str
 
 
+@dataclass
+class _Tally:
+    """Successes this process saw on a route and has not sent to its window yet."""
+
+    successes: int = 0
+    since: float = 0.0
+    sent_at: float = field(default_factory=time.monotonic)
+
+
 class RouteGuard:
     """The worker's side of a route's shared state (one per process)."""
 
@@ -72,6 +97,8 @@ class RouteGuard:
         self.store = store
         self._ensured: set[str] = set()
         self._lock = threading.Lock()
+        self._tallies: dict[str, _Tally] = {}
+        self._releasing: set[str] = set()
 
     def _ensure(self, route: Route) -> None:
         """The route's state row and permit slots exist (once per process and route)."""
@@ -91,7 +118,7 @@ class RouteGuard:
         state = claim.route_state
         if state.paused:
             return self._held(route, "paused", 0.0, "the route is paused")
-        probe = False
+        trial = False
         if state.circuit != "closed":
             cooldown = route.circuit_cooldown_seconds
             spread = rng.uniform(0, min(1.0, cooldown / 10))
@@ -101,27 +128,27 @@ class RouteGuard:
             params = {
                 "route": route.label,
                 "key": claim.key,
-                "fence": claim.fence,
+                "trials": route.circuit_half_open_calls,
                 "probe_seconds": probe_seconds,
             }
-            if self.store.one(q.TAKE_PROBE, params) is None:
+            if self.store.one(q.TAKE_TRIAL, params) is None:
                 return self._held(
-                    route, CIRCUIT_OPEN, cooldown + spread, "a probe of the route is running"
+                    route, CIRCUIT_OPEN, cooldown + spread, "the route's trial calls are running"
                 )
-            probe = True
-            log.info("route.probe", route=route.label)
-        if route.rate_per_second is not None and not probe:
+            trial = True
+            log.info("route.trial", route=route.label)
+        if route.rate_per_second is not None and not trial:
             held = self._rate(route, claim)
             if held is not None:
                 return held
         permit = None
-        if route.max_in_flight is not None and not probe:
+        if route.max_in_flight is not None and not trial:
             permit = self._permit(route, claim)
             if permit is None:
                 wait = PERMIT_RETRY_SECONDS * rng.uniform(0.5, 1.5)
                 detail = f"the route's {route.max_in_flight} attempts in flight are taken"
                 return self._held(route, "in_flight_limit", wait, detail)
-        return Admitted(permit, probe)
+        return Admitted(permit, trial)
 
     def _rate(self, route: Route, claim: Claim) -> Held | None:
         """Book a send slot unless the key comes back to the one it booked; wait for a near one."""
@@ -172,49 +199,137 @@ class RouteGuard:
         except Exception as error:  # the slot frees itself when the lease would have ended
             log.warning("route.permit_release_failed", error=type(error).__name__)
 
-    def answered(self, route: Route, claim: Claim, probe: bool) -> None:
-        """The downstream answered: end a failure streak, close a circuit that was not closed."""
-        state = claim.route_state
-        if not probe and state.circuit == "closed" and state.failures == 0:
-            return  # nothing to reset, as of the claim: the common case costs no statement
-        row = self.store.one(q.ROUTE_ANSWERED, {"route": route.label})
-        if row is not None and row["previous_circuit"] != "closed":
-            log.info(
-                "route.circuit_closed",
-                route=route.label,
-                reason="probe_succeeded" if probe else "downstream_answered",
-                released=int(row["released"]),
-            )
+    def tell(self, route: Route, claim: Claim, failure: Failure | None, trial: bool) -> None:
+        """After the outcome is recorded: tell the route's breaker that the downstream answered
+        (`failure` None) or failed transiently. Never raises: the outcome stands either way."""
+        try:
+            if failure is None:
+                self._answered(route, claim, trial)
+            else:
+                self._failed(route, claim, failure, trial)
+        except Exception as error:
+            BREAKER_ERRORS.labels(route.label).inc()
+            log.warning("route.tell_failed", route=route.label, error=type(error).__name__)
 
-    def failed(self, route: Route, claim: Claim, failure: Failure, probe: bool) -> float | None:
-        """Count a transient failure at the downstream. Returns the cool-down when the circuit
-        is now open because of this failure (a probe's failure re-opens it), else None."""
+    def _take_tally(self, route: Route, due: bool) -> int | None:
+        """The successes to send now (all of them, when `due` is False only if a second has
+        passed since the last send); None when it is not time. Successes older than the window
+        are dropped: they no longer say anything about the route."""
+        now = time.monotonic()
+        with self._lock:
+            tally = self._tallies.setdefault(route.label, _Tally())
+            if tally.successes and now - tally.since > route.circuit_window_seconds:
+                tally.successes = 0
+            if not due and now - tally.sent_at < COUNT_EVERY_SECONDS:
+                return None
+            taken, tally.successes, tally.sent_at = tally.successes, 0, now
+            return taken
+
+    def _count_success(self, route: Route) -> None:
+        with self._lock:
+            tally = self._tallies.setdefault(route.label, _Tally())
+            if tally.successes == 0:
+                tally.since = time.monotonic()
+            tally.successes += 1
+
+    def _answered(self, route: Route, claim: Claim, trial: bool) -> None:
+        if not trial:
+            self._count_success(route)
+            successes = self._take_tally(route, due=False)
+            if successes:
+                self._calls(route, claim, successes, None, "", closing=False)
+            return
+        successes = (self._take_tally(route, due=True) or 0) + 1
+        row = self._calls(route, claim, successes, None, "", closing=True)
+        if row is not None and row["closed"]:
+            log.info("route.circuit_closed", route=route.label, reason="trial_succeeded")
+            self._release_in_background(route)
+
+    def _failed(self, route: Route, claim: Claim, failure: Failure, trial: bool) -> None:
         retry_after = failure.retry_after
         opens_now = retry_after is not None and retry_after > route.backoff_cap_seconds
-        if probe:
-            reason = f"probe_failed ({failure.error_code})"
+        if trial:
+            reason = f"{route.circuit_half_open_calls} trial calls failed ({failure.error_code})"
         elif opens_now:
             reason = f"retry_after {retry_after:g} s ({failure.error_code})"
         else:
-            reason = f"{route.circuit_failure_threshold} failures in a row ({failure.error_code})"
-        row = self.store.one(
-            q.ROUTE_FAILED,
+            reason = (
+                f"{route.circuit_failure_rate:.0%} of the calls in {route.circuit_window_seconds:g}"
+                f" s failed ({failure.error_code})"
+            )
+        successes = self._take_tally(route, due=True) or 0
+        row = self._calls(route, claim, successes, failure, reason, closing=False)
+        if row is not None and row["opened"]:
+            log.warning(
+                "route.circuit_opened",
+                route=route.label,
+                reason=reason,
+                cooldown_seconds=round(float(row["cooldown_seconds"]), 2),
+                calls=float(row["calls"]),
+                failures=float(row["failures"]),
+            )
+
+    def _calls(
+        self,
+        route: Route,
+        claim: Claim,
+        successes: int,
+        failure: Failure | None,
+        reason: str,
+        closing: bool,
+    ) -> RowMapping | None:
+        retry_after = None if failure is None else failure.retry_after
+        return self.store.one(
+            q.ROUTE_CALLS,
             {
                 "route": route.label,
-                "key": claim.key,
-                "fence": claim.fence,
-                "threshold": route.circuit_failure_threshold,
-                "opens_now": opens_now,
+                # A closing call names its key (the trial); a count of successes names none.
+                "key": claim.key if failure is not None or closing else "",
+                "successes": successes,
+                "failed": failure is not None,
+                "window": route.circuit_window_seconds,
+                "minimum_calls": route.circuit_minimum_calls,
+                "rate": route.circuit_failure_rate,
+                "trials": route.circuit_half_open_calls,
+                "opens_now": retry_after is not None and retry_after > route.backoff_cap_seconds,
                 "reason": reason,
                 "cooldown": route.circuit_cooldown_seconds,
                 "cooldown_cap": route.circuit_cooldown_cap_seconds,
                 "retry_after": retry_after,
             },
         )
-        if row is None or not row["opened"]:
-            return None
-        cooldown = float(row["cooldown_seconds"])
-        log.warning(
-            "route.circuit_opened", route=route.label, reason=reason, cooldown_seconds=cooldown
+
+    def _release_in_background(self, route: Route) -> None:
+        """Make the keys the circuit held due now, off the attempt's thread: the attempt is
+        over, and a release of many keys must not hold a worker."""
+        with self._lock:
+            if route.label in self._releasing:
+                return
+            self._releasing.add(route.label)
+        thread = threading.Thread(
+            target=self.release_held, args=(route.label,), name="release", daemon=True
         )
-        return cooldown
+        thread.start()
+
+    def release_held(self, route: str) -> int:
+        """Release the keys a closed circuit held, a batch per statement; how many. Stops at
+        the first error: the rest come due at the times they were given."""
+        released = 0
+        try:
+            while True:
+                params = {"route": route, "batch": RELEASE_BATCH}
+                row = self.store.one(q.RELEASE_CIRCUIT_HELD, params)
+                count = 0 if row is None else int(row["released"])
+                released += count
+                if count == 0:
+                    break
+            log.info("route.circuit_released", route=route, released=released)
+        except Exception as error:
+            BREAKER_ERRORS.labels(route).inc()
+            log.warning(
+                "route.release_failed", route=route, released=released, error=type(error).__name__
+            )
+        finally:
+            with self._lock:
+                self._releasing.discard(route)
+        return released

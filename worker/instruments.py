@@ -23,3 +23,9 @@ THROTTLED = Counter(
     "circuit_open, rate_limited, in_flight_limit).",
     ["route", "reason"],
 )
+BREAKER_ERRORS = Counter(
+    "idem_route_bookkeeping_errors",
+    "Errors telling a route's breaker an outcome or releasing the keys its circuit held, by "
+    "route (the outcome itself was recorded; see the route.tell_failed log line).",
+    ["route"],
+)

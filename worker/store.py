@@ -42,7 +42,6 @@ class RouteView:
     paused: bool = False
     circuit: str = "closed"
     open_until: datetime | None = None
-    failures: int = 0
 
 
 @dataclass(frozen=True)
@@ -152,7 +151,6 @@ class KeyStore:
                     paused=bool(row["route_paused"]),
                     circuit=row["route_circuit"] or "closed",
                     open_until=row["route_open_until"],
-                    failures=row["route_failures"] or 0,
                 ),
             )
         state = self.one(lifecycle.KEY_STATE, {"key": key, "payload_hash": None})

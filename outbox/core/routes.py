@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -112,13 +113,28 @@ class Route(BaseModel):
     # Requests per second, evenly spaced; `burst` of them may go at once after a quiet spell.
     rate_per_second: float | None = Field(default=None, gt=0, le=10_000)
     burst: int = Field(default=1, ge=1, le=10_000)
-    # The circuit breaker: opens after this many transient failures in a row (or at once on a
-    # 429/503 whose Retry-After is longer than backoff_cap_seconds), waits the cool-down, then
-    # lets one probe through; each failed probe doubles the cool-down up to the cap. Five in a
-    # row is rare for a healthy downstream and costs little when it is down.
-    circuit_failure_threshold: int = Field(default=5, ge=1)
-    # Ten seconds: short enough that a blip is over in one probe, long enough to spare a
-    # downstream that is restarting; five minutes at most, like the backoff cap.
+    # The circuit breaker judges the route by its recent calls, never one key by itself (see
+    # docs/reliability.md). It opens when, over the last `circuit_window_seconds`, at least
+    # `circuit_minimum_calls` calls reached the downstream and `circuit_failure_rate` of them
+    # failed transiently, from three different keys or more; or at once on a 429/503 whose
+    # Retry-After is longer than backoff_cap_seconds. After the cool-down it is half-open:
+    # `circuit_half_open_calls` trial calls from different keys; one answer closes it, that
+    # many failures re-open it with the cool-down doubled (up to the cap; reset on close).
+    # Half of the calls failing over 30 s, with 20 calls at least: a blip, a slow spell or one
+    # key the downstream always refuses stays well below it; an outage reaches it within a
+    # few seconds at any real traffic.
+    circuit_failure_rate: float = Field(default=0.5, gt=0, le=1)
+    circuit_minimum_calls: int = Field(
+        default=20,
+        ge=1,
+        # The earlier name (it counted failures in a row); read as the minimum of calls.
+        validation_alias=AliasChoices("circuit_minimum_calls", "circuit_failure_threshold"),
+    )
+    circuit_window_seconds: float = Field(default=30.0, gt=0, le=3600)
+    # Three trials: one key the downstream refuses cannot keep the circuit open by itself.
+    circuit_half_open_calls: int = Field(default=3, ge=1, le=100)
+    # Ten seconds: short enough that a blip is over in one round of trials, long enough to
+    # spare a downstream that is restarting; five minutes at most, like the backoff cap.
     circuit_cooldown_seconds: float = Field(default=10.0, gt=0)
     circuit_cooldown_cap_seconds: float = Field(default=300.0, gt=0)
 

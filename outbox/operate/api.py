@@ -187,10 +187,12 @@ def operator_router(
     @router.post("/routes/{name}/resume", responses=problem_responses(404))
     async def resume_route(name: str, operator: Operator) -> dict[str, Any]:
         """Act on the route's keys again, those it held first, in the order they arrived."""
-        queued = await run_in_threadpool(routestate.resume, engine(), known(name), operator)
-        if queued is not None:
-            log.info("route.resumed", route=name, by=operator, queued=queued)
-        return {"name": name, "paused": False, "changed": queued is not None, "queued": queued or 0}
+        done = await run_in_threadpool(routestate.resume, engine(), known(name), operator)
+        if done.changed or done.queued:
+            log.info(
+                "route.resumed", route=name, by=operator, changed=done.changed, queued=done.queued
+            )
+        return {"name": name, "paused": False, "changed": done.changed, "queued": done.queued}
 
     return router
 

@@ -2,12 +2,16 @@
 
 A pause takes effect at the next claim of each of the route's keys (the claim reads the route's
 state in its own statement): attempts already running finish, later ones are given back and
-wait as `pending`. A resume, in one transaction, un-pauses the route and queues a delivery for
-every key the pause held, in the order the keys were accepted.
+wait as `pending`. A resume un-pauses the route, then queues a delivery for every key the pause
+held, in the order the keys were accepted, a batch per statement (`ENQUEUE_RESUMED`), reporting
+each batch: hundreds of thousands of held keys never make one statement that outlasts the
+statement timeout, and a resume that was interrupted is finished by running it again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine
@@ -42,7 +46,9 @@ def list_routes(engine: Engine, routes: RouteTable) -> list[dict[str, Any]]:
                 "paused_at": None if row is None else iso(row.paused_at),
                 "open_until": None if row is None else iso(row.open_until),
                 "open_reason": None if row is None else row.open_reason,
-                "consecutive_failures": 0 if row is None else int(row.consecutive_failures),
+                "window_calls": 0 if row is None else int(row.window_calls),
+                "window_failures": 0 if row is None else int(row.window_failures),
+                "trials_running": 0 if row is None else int(row.trials_running),
                 "in_flight": in_flight,
                 "backlog": waiting,
                 **_limits(route),
@@ -56,7 +62,10 @@ def _limits(route: Route) -> dict[str, Any]:
         "max_in_flight": route.max_in_flight,
         "rate_per_second": route.rate_per_second,
         "burst": route.burst,
-        "circuit_failure_threshold": route.circuit_failure_threshold,
+        "circuit_failure_rate": route.circuit_failure_rate,
+        "circuit_minimum_calls": route.circuit_minimum_calls,
+        "circuit_window_seconds": route.circuit_window_seconds,
+        "circuit_half_open_calls": route.circuit_half_open_calls,
     }
 
 
@@ -94,13 +103,41 @@ def pause(engine: Engine, route: str, reason: str, by: str) -> bool:
     return done is not None
 
 
-def resume(engine: Engine, route: str, by: str) -> int | None:
-    """Resume a paused route and queue the keys it held; how many, or None when it was not
-    paused (nothing changed, nothing audited)."""
+# Held keys queued per statement: a few milliseconds each, far inside the statement timeout.
+RESUME_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a resume did: whether this call un-paused the route, and how many keys it queued
+    (keys an interrupted earlier resume left are queued too)."""
+
+    changed: bool
+    queued: int
+
+
+def resume(
+    engine: Engine,
+    route: str,
+    by: str,
+    progress: Callable[[int], None] | None = None,
+    batch: int = RESUME_BATCH,
+) -> Resumed:
+    """Resume a route (audited when it was paused) and queue the keys its pause held, a batch
+    at a time; `progress` gets the running total after each batch that queued any."""
     with engine.begin() as conn:
-        if conn.execute(q.RESUME_ROUTE, {"route": route}).first() is None:
-            return None
-        queued = conn.execute(q.ENQUEUE_RESUMED, {"route": route, "task_name": PROCESS_TASK}).all()
-        params = {"route": route, "action": "resume", "reason": None, "by": by}
-        conn.execute(q.RECORD_ROUTE_CHANGE, params)
-    return len(queued)
+        changed = conn.execute(q.RESUME_ROUTE, {"route": route}).first() is not None
+        if changed:
+            params = {"route": route, "action": "resume", "reason": None, "by": by}
+            conn.execute(q.RECORD_ROUTE_CHANGE, params)
+    queued = 0
+    while True:
+        with engine.begin() as conn:
+            row = conn.execute(
+                q.ENQUEUE_RESUMED, {"route": route, "task_name": PROCESS_TASK, "batch": batch}
+            ).one()
+        if row.queued == 0:
+            return Resumed(changed, queued)
+        queued += int(row.queued)
+        if progress is not None:
+            progress(queued)

@@ -85,18 +85,21 @@ def routes_resume(
 
     _known(name)
     operator = terminal.operator(by)
+    out = terminal.console()
+
+    def report(queued: int) -> None:
+        if not as_json:
+            out.print(f"queued {queued} held keys so far")
+
     with terminal.engine() as (_, engine):
-        queued = resume(engine, name, operator)
-    if queued is not None:
-        log.info("route.resumed", route=name, by=operator, queued=queued)
+        done = resume(engine, name, operator, progress=report)
+    if done.changed or done.queued:
+        log.info("route.resumed", route=name, by=operator, changed=done.changed, queued=done.queued)
     if as_json:
-        doc = {"name": name, "paused": False, "changed": queued is not None, "queued": queued or 0}
+        doc = {"name": name, "paused": False, "changed": done.changed, "queued": done.queued}
         return terminal.print_json(doc)
-    if queued is None:
-        return terminal.console().print(f"route {name} was not paused")
-    terminal.console().print(
-        f"resumed route {name}: {queued} waiting keys queued in acceptance order"
-    )
+    state = f"resumed route {name}" if done.changed else f"route {name} was not paused"
+    out.print(f"{state}: {done.queued} held keys queued in acceptance order")
 
 
 def stuck_command(

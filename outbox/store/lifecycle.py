@@ -158,8 +158,7 @@ CLAIM_KEY: TextClause = text(
                   k.error_code AS previous_error_code
     )
     SELECT c.*, e.external_id, e.version, e.payload, r.paused AS route_paused,
-           r.circuit AS route_circuit, r.open_until AS route_open_until,
-           r.consecutive_failures AS route_failures
+           r.circuit AS route_circuit, r.open_until AS route_open_until
       FROM claimed c JOIN events e USING (idempotency_key)
       LEFT JOIN route_state r ON r.route = c.route
     """

@@ -155,15 +155,16 @@ def plan_route_outage(seed: int, duration: float) -> RouteOutage:
     return RouteOutage(OUTAGE_COLLECTION, start, start + min(OUTAGE_SECONDS_MAX, 0.2 * duration))
 
 
-def max_probes(outage: float, cooldown: float, cap: float) -> int:
-    """How many probes fit in an outage: the k-th comes no sooner than the first k cool-downs
-    (each doubles, up to the cap) after the circuit opened."""
-    probes, elapsed, step = 0, 0.0, cooldown
+def max_trials(outage: float, cooldown: float, cap: float, trials: int) -> int:
+    """How many trial calls fit in an outage: the k-th half-open spell comes no sooner than the
+    first k cool-downs (each doubles, up to the cap) after the circuit opened, and lets through
+    `trials` failures plus the trials still running when the last of them re-opened it."""
+    spells, elapsed, step = 0, 0.0, cooldown
     while elapsed + step <= outage:
         elapsed += step
-        probes += 1
+        spells += 1
         step = min(cap, step * 2)
-    return probes
+    return spells * (2 * trials - 1)
 
 
 def derived_key(body: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -16,7 +17,7 @@ import httpx
 from outbox.core.jsonbody import resolve_pointer
 from outbox.core.routes import Route
 from worker.actions import ActionContext, ActionResult
-from worker.errors import TransientError, error_for_response
+from worker.errors import RequestInvalid, TransientError, error_for_response
 
 # A stored result is returned to every later duplicate; large bodies are not worth keeping.
 MAX_STORED_BODY_BYTES = 65_536
@@ -43,17 +44,17 @@ def run(route: Route, ctx: ActionContext) -> ActionResult:
     assert route.url is not None  # the routes file was validated
     if ctx.cancelled.is_set():
         raise TransientError("lease_lost", "the lease was lost before the request was sent")
-    response = client().request(
+    request = _build(
         route.method,
-        route.url,
-        json=ctx.payload,
-        headers={
-            **route.headers,
-            "Idempotency-Key": ctx.key,
-            "X-Correlation-ID": ctx.correlation_id,
-        },
-        timeout=httpx.Timeout(route.read_timeout_seconds, connect=route.connect_timeout_seconds),
+        lambda: client().build_request(
+            route.method,
+            route.url or "",
+            json=ctx.payload,
+            headers=_headers(route, ctx),
+            timeout=_timeout(route),
+        ),
     )
+    response = client().send(request)
     error = error_for_response(response)
     if error is not None:
         raise error
@@ -78,15 +79,13 @@ def reconcile(route: Route, ctx: ActionContext) -> ActionResult | None:
     url = route.reconcile_url.format(
         key=quote(ctx.key, safe=""), external_id=quote(ctx.external_id, safe="")
     )
-    response = client().get(
-        url,
-        headers={
-            **route.headers,
-            "Idempotency-Key": ctx.key,
-            "X-Correlation-ID": ctx.correlation_id,
-        },
-        timeout=httpx.Timeout(route.read_timeout_seconds, connect=route.connect_timeout_seconds),
+    request = _build(
+        "GET",
+        lambda: client().build_request(
+            "GET", url, headers=_headers(route, ctx), timeout=_timeout(route)
+        ),
     )
+    response = client().send(request)
     if response.status_code == 404:
         return None
     error = error_for_response(response)
@@ -103,6 +102,32 @@ def reconcile(route: Route, ctx: ActionContext) -> ActionResult | None:
         },
         external_ref=None if found is None else str(found),
     )
+
+
+def _headers(route: Route, ctx: ActionContext) -> dict[str, str]:
+    return {**route.headers, "Idempotency-Key": ctx.key, "X-Correlation-ID": ctx.correlation_id}
+
+
+def _timeout(route: Route) -> httpx.Timeout:
+    return httpx.Timeout(route.read_timeout_seconds, connect=route.connect_timeout_seconds)
+
+
+def _build(method: str, build: Callable[[], httpx.Request]) -> httpx.Request:
+    """Build the request on our side first: what cannot be built (a header value that is not
+    ASCII, a body that is not JSON, a URL that does not parse) is the key's own permanent
+    failure, raised before anything is sent, and never counted against the route."""
+    try:
+        request = build()
+    except (UnicodeError, ValueError, TypeError, httpx.InvalidURL) as error:
+        raise RequestInvalid(
+            f"the {method} request for this event could not be built: {type(error).__name__}"
+        ) from error
+    for name, value in request.headers.raw:
+        if any(byte in value for byte in b"\r\n\0"):
+            # h11 would refuse it only after connecting; refuse it before.
+            header = name.decode("ascii", "replace")
+            raise RequestInvalid(f"the {method} request's {header} header holds a line break")
+    return request
 
 
 def _storable(response: httpx.Response, body: Any) -> Any:

@@ -268,9 +268,15 @@ def console_router(
             if await run_in_threadpool(routestate.pause, engine(), name, reason, OPERATOR):
                 log.info("route.paused", route=name, by=OPERATOR)
         else:
-            queued = await run_in_threadpool(routestate.resume, engine(), name, OPERATOR)
-            if queued is not None:
-                log.info("route.resumed", route=name, by=OPERATOR, queued=queued)
+            resumed = await run_in_threadpool(routestate.resume, engine(), name, OPERATOR)
+            if resumed.changed or resumed.queued:
+                log.info(
+                    "route.resumed",
+                    route=name,
+                    by=OPERATOR,
+                    changed=resumed.changed,
+                    queued=resumed.queued,
+                )
         done = "paused" if action == "pause" else "resumed"
         return RedirectResponse(f"{base_path(request)}/?route_changed={done}", status_code=303)
 

@@ -326,18 +326,30 @@ def test_non_utf8_file_is_a_routes_error(tmp_path: Path) -> None:
 
 
 def test_route_protection_defaults_and_bounds() -> None:
-    """A route has no limits by default and a breaker of 5 failures, 10 s cool-down doubling
-    to 300 s; nonsensical limits and a cap below the cool-down are refused."""
+    """A route has no limits by default and a breaker that opens at half of 20 calls in 30 s
+    failing, tries 3 calls half-open, and cools down 10 s doubling to 300 s; nonsensical limits
+    and a cap below the cool-down are refused."""
     route = Route(match="a.*", action="noop")
     assert (route.max_in_flight, route.rate_per_second, route.burst) == (None, None, 1)
-    assert route.circuit_failure_threshold == 5
+    assert (route.circuit_failure_rate, route.circuit_minimum_calls) == (0.5, 20)
+    assert (route.circuit_window_seconds, route.circuit_half_open_calls) == (30.0, 3)
     assert (route.circuit_cooldown_seconds, route.circuit_cooldown_cap_seconds) == (10.0, 300.0)
     for bad in (
         {"max_in_flight": 0},
         {"rate_per_second": 0},
         {"burst": 0},
-        {"circuit_failure_threshold": 0},
+        {"circuit_minimum_calls": 0},
+        {"circuit_failure_rate": 0},
+        {"circuit_failure_rate": 1.5},
+        {"circuit_half_open_calls": 0},
         {"circuit_cooldown_seconds": 20, "circuit_cooldown_cap_seconds": 10},
     ):
         with pytest.raises(ValueError):
             Route(match="a.*", action="noop", **bad)
+
+
+def test_the_earlier_threshold_name_sets_the_minimum_of_calls() -> None:
+    """A routes file written for the streak breaker keeps loading: its
+    `circuit_failure_threshold` is read as `circuit_minimum_calls`."""
+    route = Route.model_validate({"match": "a.*", "action": "noop", "circuit_failure_threshold": 4})
+    assert route.circuit_minimum_calls == 4

@@ -12,6 +12,7 @@ from worker.errors import (
     ActionError,
     Failure,
     PermanentError,
+    RequestInvalid,
     TransientError,
     classify,
     error_for_response,
@@ -48,7 +49,7 @@ ASCTIME = "Sun Nov  6 08:49:37 1994"
         (httpx.WriteError("broken pipe", request=REQUEST), True, "transport_error", None),
         (httpx.CloseError("close", request=REQUEST), True, "transport_error", None),
         (httpx.ProxyError("proxy", request=REQUEST), True, "transport_error", None),
-        (httpx.LocalProtocolError("h11", request=REQUEST), True, "transport_error", None),
+        (httpx.LocalProtocolError("h11", request=REQUEST), False, "request_invalid", None),
         (httpx.TransportError("other", request=REQUEST), True, "transport_error", None),
         # A URL that can never work is a configuration error, not worth a retry.
         (httpx.InvalidURL("no host"), False, "configuration", None),
@@ -260,3 +261,29 @@ def test_server_errors_other_than_503_leave_the_effect_uncertain(
     """A 500, 502 or 504 may come after the work was done; 408, 425, 429, 503 and 4xx refuse."""
     error = error_for_response(response(status), fixed_now)
     assert error is not None and classify(error).uncertain is uncertain
+
+
+@pytest.mark.parametrize(
+    ("error", "at_downstream"),
+    [
+        (httpx.ConnectError("t", request=REQUEST), True),
+        (httpx.ReadTimeout("t", request=REQUEST), True),
+        (TransientError("http_503"), True),
+        (RuntimeError("boom"), True),
+        (TransientError("lease_lost"), False),
+        (httpx.PoolTimeout("t", request=REQUEST), False),
+        (httpx.LocalProtocolError("h11", request=REQUEST), False),
+        (httpx.InvalidURL("no host"), False),
+        (RequestInvalid("a header is not ASCII"), False),
+        (PermanentError("http_422"), False),
+    ],
+)
+def test_only_failures_at_the_downstream_are_the_routes(
+    error: Exception, at_downstream: bool
+) -> None:
+    """The breaker counts transient failures the downstream (or the way to it) caused; an error
+    raised on our side before anything was sent is the key's own (`local`) and never counted."""
+    failure = classify(error)
+    assert failure.at_downstream is at_downstream
+    if isinstance(error, RequestInvalid | httpx.LocalProtocolError | httpx.InvalidURL):
+        assert failure.local and not failure.transient
