@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from outbox.claims import service
 from outbox.core import keys
 from outbox.core.access import FailureThrottle, require_token_or_loopback
+from outbox.core.labels import Label
 from outbox.core.logs import get_logger
 from outbox.core.problems import Problem, json_response, problem_responses
 from outbox.core.settings import Settings
@@ -58,8 +59,9 @@ class ClaimRequest(BaseModel):
     key: str = Field(min_length=1, max_length=255)
     payload: JsonValue = None
     lease_seconds: Seconds | None = None
-    correlation_id: str | None = Field(default=None, min_length=1, max_length=200)
-    workflow: str | None = Field(default=None, min_length=1, max_length=500)
+    # Visible ASCII, at most 200 characters: they travel in headers (outbox.core.labels).
+    correlation_id: Label | None = None
+    workflow: Label | None = None
 
     @field_validator("key")
     @classmethod

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
 from outbox.core import keys
+from outbox.core.labels import Label, LabelOrNumber
 
 Text = Annotated[StrictStr, Field(min_length=1, max_length=200)]
 Identifier = StrictStr | StrictInt
@@ -23,9 +24,10 @@ class Envelope(BaseModel):
     external_id: Identifier
     version: Identifier | None = None
     payload: dict[str, Any]
-    correlation_id: Text | None = None
-    workflow: Annotated[StrictStr, Field(min_length=1, max_length=500)] | None = None
-    execution_id: Identifier | None = None
+    # Visible ASCII, at most 200 characters: they travel in headers (outbox.core.labels).
+    correlation_id: Label | None = None
+    workflow: Label | None = None
+    execution_id: LabelOrNumber | None = None
 
     @field_validator("source", "event_type")
     @classmethod
@@ -34,7 +36,7 @@ class Envelope(BaseModel):
             raise ValueError("must contain a non-space character")
         return value
 
-    @field_validator("external_id", "version", "execution_id")
+    @field_validator("external_id", "version")
     @classmethod
     def _bounded_identifier(cls, value: str | int | None) -> str | int | None:
         if isinstance(value, str) and not (1 <= len(value) <= 1000):

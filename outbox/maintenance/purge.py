@@ -1,10 +1,14 @@
 """Forgetting on schedule: expired keys (with their events) and old published outbox rows.
 
-A key's TTL comes from its route (`ttl_days`, 30 by default) and is fixed at accept. Purging
-works in bounded batches, so a large backlog never holds long locks. It removes finished keys
-and workflow keys that nobody holds (the workflow gave up on them); never a worker key still on
-its way to an end (pending, processing, waiting for a retry: removing it would lose the event),
-never a held lease, never a key with an open dead letter: an operator may still need it.
+A key's TTL comes from its route (`ttl_days`, 30 by default; `CLAIMS_TTL_DAYS` for claims
+keys) and counts from the key's last change, so a workflow key retried for weeks is not
+forgotten a TTL after its first claim. Purging works in bounded batches (each its own
+transaction, well inside the statement timeout), so a large backlog never holds long locks and
+an interrupted purge goes on at the next run. It removes finished keys and workflow keys
+waiting for a claim that never came (the workflow gave up); never a key whose effect may exist
+(`uncertain`: forgetting it would let the next claim answer "safe to act"), never a processing
+key (a live lease, or an expired one whose holder may have acted), never a worker key still on
+its way to an end (removing it would lose the event), never a key with an open dead letter.
 """
 
 from __future__ import annotations

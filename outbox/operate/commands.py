@@ -139,7 +139,7 @@ def replay_command(
     since: Instant = None,
     until: Instant = None,
     key: Annotated[list[str] | None, typer.Option(metavar="KEY", help="Repeatable.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many keys (1-1000).")] = 100,
+    limit: Annotated[int, typer.Option(help="At most this many keys (1-100000).")] = 100,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Report only (the default).")] = False,
     confirm: Annotated[str | None, typer.Option(help="The dry run's token: execute.")] = None,
     by: By = None,
@@ -168,8 +168,16 @@ def replay_command(
             report = replay.dry_run(engine, request, routes, secret=secret)
             return _print_report(report, request, as_json)
         with terminal.progress(disable=as_json) as progress:
-            progress.add_task("replaying", total=None)
-            outcome = replay.execute(engine, request, routes, operator, secret=secret)
+            task = progress.add_task("replaying", total=None)
+
+            def advance(replayed: int, of: int) -> None:
+                # A set larger than one batch commits batch by batch: say how far it got.
+                progress.update(task, completed=replayed, total=of)
+                log.info("replay.progress", replayed=replayed, of=of)
+
+            outcome = replay.execute(
+                engine, request, routes, operator, secret=secret, progress=advance
+            )
     match outcome:
         case replay.Stale(report):
             typer.echo("idem: the set changed; nothing replayed", err=True)
@@ -182,7 +190,9 @@ def replay_command(
                 return terminal.print_json(
                     {"dry_run": False, "replay_id": replay_id, **report.as_dict()}
                 )
-            terminal.console().print(f"replayed {count} keys (replay {replay_id})")
+            changed = report.changed_since_dry_run
+            left = f"; {changed} changed since the dry run and were left alone" if changed else ""
+            terminal.console().print(f"replayed {count} keys (replay {replay_id}){left}")
 
 
 def _print_report(

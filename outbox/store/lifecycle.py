@@ -296,17 +296,26 @@ DEFER: TextClause = text(
 
 RESET_FOR_REPLAY: TextClause = text(
     """
-    -- Back to pending with a fresh attempt budget. The fence goes up and the token is
-    -- cleared, so the holder of an expired lease can no longer write; a key replayed out of
-    -- processing becomes uncertain (its holder may have acted), and uncertainty is kept, so
-    -- the next claim reconciles first.
+    -- Back to pending with a fresh attempt budget, checked and done in this one statement
+    -- under the row lock: only a key still failed or quarantined, or processing with an
+    -- expired lease, in one of :statuses, and (with :as_of, a dry run's time) unchanged since
+    -- then. A key a worker took again, finished or changed meanwhile is left alone. The fence
+    -- goes up and the token is cleared, so the holder of an expired lease can no longer
+    -- write; a key replayed out of processing becomes uncertain (its holder may have acted),
+    -- and uncertainty is kept, so the next claim reconciles first.
     UPDATE idempotency_keys
        SET status = 'pending', attempts = 0, fence = fence + 1, lease_token = NULL,
            lease_owner = NULL, locked_until = NULL, next_attempt_at = NULL,
            first_failed_at = NULL, uncertain = uncertain OR status = 'processing',
            updated_at = now()
      WHERE idempotency_key = ANY(:keys)
-    RETURNING idempotency_key, correlation_id
+       AND status = ANY(:statuses)
+       AND status IN ('failed_retryable', 'failed_final', 'quarantined', 'processing')
+       AND (status <> 'processing' OR locked_until < now())
+       AND (CAST(:as_of AS timestamptz) IS NULL
+            OR (updated_at <= :as_of
+                AND (status <> 'processing' OR locked_until < :as_of)))
+    RETURNING idempotency_key, correlation_id, event_type, route
     """
 )
 

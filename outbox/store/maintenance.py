@@ -84,11 +84,13 @@ REDRIVE_STALLED_KEYS: TextClause = text(
 
 COUNT_PURGEABLE: TextClause = text(
     """
+    -- What PURGE_EXPIRED_KEYS would remove, counted (the same conditions).
     SELECT count(*) FROM idempotency_keys k
      WHERE k.expires_at < now()
-           AND (k.status IN ('succeeded', 'failed_final', 'quarantined')
-                OR (k.actor = 'workflow'
-                    AND (k.status <> 'processing' OR k.locked_until < now())))
+       AND k.updated_at + (k.expires_at - k.created_at) < now()
+       AND NOT k.uncertain
+       AND (k.status IN ('succeeded', 'failed_final', 'quarantined')
+            OR (k.actor = 'workflow' AND k.status IN ('pending', 'failed_retryable')))
        AND NOT EXISTS (SELECT 1 FROM dead_letters d
                         WHERE d.idempotency_key = k.idempotency_key AND d.resolution = 'open')
     """
@@ -97,15 +99,21 @@ COUNT_PURGEABLE: TextClause = text(
 PURGE_EXPIRED_KEYS: TextClause = text(
     """
     -- Expired keys go with their event, outbox rows and resolved dead letters (cascade), a
-    -- bounded batch at a time: finished keys, and workflow keys nobody holds (their workflow
-    -- gave up). Never a worker key still on its way (the sweeper drives it to an end first),
-    -- never a held lease, never a key with an open dead letter.
+    -- bounded batch at a time. A key expires its TTL after its last change (the TTL is
+    -- expires_at - created_at, fixed when the key was made; expires_at < now() is implied and
+    -- lets the index find them). Finished keys go, and workflow keys waiting for a claim that
+    -- never came (their workflow gave up). Never a key that may have had its effect
+    -- (uncertain), never a processing key (live lease or not: its holder may be acting), never
+    -- a worker key still on its way (the sweeper drives it to an end first), never a key with
+    -- an open dead letter. The row lock and the conditions are one statement, so a key a claim
+    -- takes meanwhile is skipped.
     WITH doomed AS (
         SELECT k.idempotency_key FROM idempotency_keys k
          WHERE k.expires_at < now()
+           AND k.updated_at + (k.expires_at - k.created_at) < now()
+           AND NOT k.uncertain
            AND (k.status IN ('succeeded', 'failed_final', 'quarantined')
-                OR (k.actor = 'workflow'
-                    AND (k.status <> 'processing' OR k.locked_until < now())))
+                OR (k.actor = 'workflow' AND k.status IN ('pending', 'failed_retryable')))
            AND NOT EXISTS (SELECT 1 FROM dead_letters d
                             WHERE d.idempotency_key = k.idempotency_key
                               AND d.resolution = 'open')
@@ -127,9 +135,10 @@ COUNT_PRUNABLE_OUTBOX: TextClause = text(
            SELECT 1 FROM idempotency_keys k
             WHERE k.idempotency_key = o.idempotency_key
               AND k.expires_at < now()
+              AND k.updated_at + (k.expires_at - k.created_at) < now()
+              AND NOT k.uncertain
               AND (k.status IN ('succeeded', 'failed_final', 'quarantined')
-                   OR (k.actor = 'workflow'
-                       AND (k.status <> 'processing' OR k.locked_until < now())))
+                   OR (k.actor = 'workflow' AND k.status IN ('pending', 'failed_retryable')))
               AND NOT EXISTS (SELECT 1 FROM dead_letters d
                                WHERE d.idempotency_key = k.idempotency_key
                                  AND d.resolution = 'open'))

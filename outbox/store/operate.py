@@ -60,10 +60,19 @@ DISCARD_DEAD_LETTER: TextClause = text(
     """
 )
 
+REPLAY_AS_OF: TextClause = text(
+    """
+    -- The dry run's time: what it shows is the keys as of now; a later change moves a key's
+    -- updated_at past it.
+    SELECT now()
+    """
+)
+
 REPLAY_CANDIDATES: TextClause = text(
     """
-    -- The keys a replay filter matches, with what decides whether each may be replayed.
-    -- Locked in the executing transaction so the set cannot change under the check.
+    -- One page of the keys a replay filter matches, in key order after :after and up to
+    -- :through, with what decides whether each may be replayed. Read without locks: the
+    -- reset (lifecycle.RESET_FOR_REPLAY) checks each key again under its row lock.
     SELECT k.idempotency_key, k.status, k.event_type, k.source, k.route,
            (k.status = 'processing' AND k.locked_until >= now()) AS lease_live
       FROM idempotency_keys k
@@ -73,17 +82,10 @@ REPLAY_CANDIDATES: TextClause = text(
        AND (CAST(:source AS text) IS NULL OR k.source = :source)
        AND (CAST(:since AS timestamptz) IS NULL OR k.updated_at >= :since)
        AND (CAST(:until AS timestamptz) IS NULL OR k.updated_at < :until)
+       AND k.idempotency_key > :after
+       AND (CAST(:through AS text) IS NULL OR k.idempotency_key <= :through)
      ORDER BY k.idempotency_key
      LIMIT :limit
-    """
-)
-
-LOCK_KEYS: TextClause = text(
-    """
-    SELECT idempotency_key FROM idempotency_keys
-     WHERE idempotency_key = ANY(:keys)
-     ORDER BY idempotency_key
-       FOR UPDATE
     """
 )
 
@@ -100,6 +102,14 @@ RECORD_REPLAY: TextClause = text(
     INSERT INTO replays (requested_by, filter, key_count, keys)
     VALUES (:by, CAST(:filter AS jsonb), :count, :keys)
     RETURNING id
+    """
+)
+
+ADD_TO_REPLAY: TextClause = text(
+    """
+    -- A batched replay's audit row grows with each batch, in that batch's transaction.
+    UPDATE replays SET key_count = key_count + :count, keys = keys || CAST(:keys AS text[])
+     WHERE id = :id
     """
 )
 

@@ -137,7 +137,7 @@ def sweeper_totals(log_files: list[Path]) -> Counter[str]:
 
 def route_events(log_files: list[Path]) -> Counter[tuple[str, str]]:
     """(event, route) counts of the workers' `route.*` log lines: circuit opened and closed,
-    probes."""
+    trials."""
     totals: Counter[tuple[str, str]] = Counter()
     for path in log_files:
         for line in path.read_text(errors="replace").splitlines():
@@ -483,16 +483,21 @@ def verify_route_outage(
     violations: Violations,
 ) -> dict[str, Any]:
     """While one route's downstream was down its circuit opened, only a bounded number of
-    writes reached it (the failures that open the circuit, the attempts already in flight,
-    one probe per cool-down, and a probe again for each worker killed meanwhile), and the
-    circuit closed again. That its keys spent no budget and lost nothing is checked with
-    every other key in `verify`."""
+    writes reached it, and the circuit closed again. The bound: the failures that open the
+    circuit (the window's minimum of calls, or as many as the successes it still weighed from
+    before the outage), the attempts already in flight, the trials of each half-open spell,
+    and a trial again for each worker killed meanwhile. That its keys lost nothing is checked
+    with every other key in `verify`."""
     route = f"crm-{outage.collection}"
     refused = int(crm.get("refused_while_down", 0))
-    probes = plan.max_probes(
-        outage.seconds, plan.CIRCUIT_COOLDOWN_SECONDS, plan.CIRCUIT_COOLDOWN_CAP_SECONDS
+    trials = plan.max_trials(
+        outage.seconds,
+        plan.CIRCUIT_COOLDOWN_SECONDS,
+        plan.CIRCUIT_COOLDOWN_CAP_SECONDS,
+        plan.CIRCUIT_HALF_OPEN_CALLS,
     )
-    bound = plan.CIRCUIT_FAILURE_THRESHOLD + in_flight + probes + kills
+    opening = max(plan.CIRCUIT_MINIMUM_CALLS, int(crm.get("written_before_down", 0)))
+    bound = opening + in_flight + trials + kills
     opened = events[("route.circuit_opened", route)]
     closed = events[("route.circuit_closed", route)]
     if refused == 0:
@@ -514,6 +519,35 @@ def verify_route_outage(
         "bound": bound,
         "circuit_opened": opened,
         "circuit_closed": closed,
-        "probes": events[("route.probe", route)],
+        "trials": events[("route.trial", route)],
+        "final_circuit": db.circuits.get(route, "closed"),
+    }
+
+
+def verify_partial_failure(
+    partial: plan.PartialFailure,
+    crm: dict[str, Any],
+    events: Counter[tuple[str, str]],
+    db: DbState,
+    violations: Violations,
+) -> dict[str, Any]:
+    """A route whose downstream refused a share of its writes for a while: the spell was real
+    (writes were refused), and the circuit, if it opened, ends closed. That every key of the
+    route succeeded once, neither stalled nor looping, is checked with every key in `verify`."""
+    route = f"crm-{partial.collection}"
+    refused = int(crm.get("refused_while_flaky", 0))
+    opened = events[("route.circuit_opened", route)]
+    closed = events[("route.circuit_closed", route)]
+    if refused == 0:
+        violations.add("partial_failure_unseen", f"no write to {route} was refused")
+    if db.circuits.get(route, "closed") != "closed":
+        violations.add("circuit_left_open", f"{route} ends {db.circuits[route]}")
+    return {
+        "route": route,
+        "seconds": round(partial.end - partial.start, 1),
+        "share": partial.share,
+        "writes_refused": refused,
+        "circuit_opened": opened,
+        "circuit_closed": closed,
         "final_circuit": db.circuits.get(route, "closed"),
     }

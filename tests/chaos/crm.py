@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import socket
 import threading
 import time
@@ -59,6 +60,15 @@ class FakeCrm:
         # The collection that is down, and the gateway's writes it refused meanwhile.
         self.down: str | None = None
         self.refused_while_down = 0
+        # The gateway's writes that reached the CRM, (when, collection), for the outage's bound:
+        # a breaker that judges a rate lets through as many failures as it saw successes.
+        self.gateway_writes: list[tuple[float, str]] = []
+        self.written_before_down = 0
+        # The collection that refuses a share of the gateway's writes, and how many it refused.
+        self.flaky: str | None = None
+        self.flaky_share = 0.0
+        self.refused_while_flaky = 0
+        self.flaky_rng = random.Random(f"flaky:{seed}")
         self._server: _Server | None = None
 
     @property
@@ -77,18 +87,38 @@ class FakeCrm:
                 "injected": dict(self.injected),
                 "inflight": self.inflight,
                 "refused_while_down": self.refused_while_down,
+                "written_before_down": self.written_before_down,
+                "refused_while_flaky": self.refused_while_flaky,
             }
 
-    def take_down(self, collection: str | None) -> None:
-        """Refuse the gateway's writes to `collection` from now on (None: back up)."""
+    def take_down(self, collection: str | None, lookback: float = 0.0) -> None:
+        """Refuse the gateway's writes to `collection` from now on (None: back up); remember
+        how many of its writes came in the `lookback` seconds before."""
         with self.lock:
             self.down = collection
+            if collection is not None:
+                since = time.monotonic() - lookback
+                self.written_before_down = sum(
+                    1 for at, name in self.gateway_writes if at >= since and name == collection
+                )
+
+    def make_flaky(self, collection: str | None, share: float = 0.0) -> None:
+        """Refuse `share` of the gateway's writes to `collection` from now on (None: steady)."""
+        with self.lock:
+            self.flaky, self.flaky_share = collection, share
 
     def _refused(self, path: str, actor: str | None) -> bool:
         """Whether this write meets the outage (the workflows' `/wf/...` calls never do)."""
         collection = path.strip("/").split("/", 1)[0]
         with self.lock:
-            if actor == WORKFLOW or collection != self.down:
+            if actor == WORKFLOW:
+                return False
+            if collection == self.flaky and self.flaky_rng.random() < self.flaky_share:
+                self.refused_while_flaky += 1
+                self.injected["flaky_503"] += 1
+                return True
+            if collection != self.down:
+                self.gateway_writes.append((time.monotonic(), collection))
                 return False
             self.refused_while_down += 1
             self.injected["outage_503"] += 1

@@ -121,7 +121,9 @@ class Delivery:
 @dataclass(frozen=True)
 class Fault:
     at: float
-    kind: str  # kill_worker | kill_relay | restart_redis | restart_postgres | route_down | route_up
+    # kill_worker | kill_relay | restart_redis | restart_postgres | route_down | route_up |
+    # route_flaky | route_steady
+    kind: str
 
 
 # One route's downstream goes down for a while: every write the gateway sends to that
@@ -130,11 +132,18 @@ class Fault:
 # wait without spending their attempts, and all of them must succeed once after.
 OUTAGE_COLLECTION = "deals"
 OUTAGE_SECONDS_MAX = 60.0
-# The soak's routes open their circuit after the default 5 failures in a row and cool down
-# 2 s, doubling up to 8 s, so even the CI-sized run's short outage sees probes fail and re-open.
-CIRCUIT_FAILURE_THRESHOLD = 5
+# The soak's routes judge their circuit over a 5 s window with at least 5 calls, and cool down
+# 2 s, doubling up to 8 s, so even the CI-sized run's short outage sees trials fail and re-open.
+CIRCUIT_MINIMUM_CALLS = 5
+CIRCUIT_WINDOW_SECONDS = 5.0
+CIRCUIT_HALF_OPEN_CALLS = 3
 CIRCUIT_COOLDOWN_SECONDS = 2.0
 CIRCUIT_COOLDOWN_CAP_SECONDS = 8.0
+
+# Another route's downstream mostly works for a while: a share of the gateway's writes to it
+# (30-60 %, drawn per run) answer 503 and write nothing. Every key must still succeed once;
+# the circuit may open and close on the way, and no key may be stalled or loop.
+FLAKY_COLLECTION = "tasks"
 
 
 @dataclass(frozen=True)
@@ -153,6 +162,22 @@ def plan_route_outage(seed: int, duration: float) -> RouteOutage:
     rng = random.Random(f"route-outage:{seed}")
     start = rng.uniform(0.15, 0.35) * duration
     return RouteOutage(OUTAGE_COLLECTION, start, start + min(OUTAGE_SECONDS_MAX, 0.2 * duration))
+
+
+@dataclass(frozen=True)
+class PartialFailure:
+    collection: str
+    start: float
+    end: float
+    share: float
+
+
+def plan_partial_failure(seed: int, duration: float) -> PartialFailure:
+    """A fifth of the send phase (at most a minute), starting between 50 % and 60 % of it."""
+    rng = random.Random(f"partial-failure:{seed}")
+    start = rng.uniform(0.5, 0.6) * duration
+    end = start + min(OUTAGE_SECONDS_MAX, 0.2 * duration)
+    return PartialFailure(FLAKY_COLLECTION, start, end, round(rng.uniform(0.3, 0.6), 2))
 
 
 def max_trials(outage: float, cooldown: float, cap: float, trials: int) -> int:
@@ -242,7 +267,8 @@ def plan_events(
 
 def plan_faults(seed: int, duration: float) -> list[Fault]:
     """Kills and restarts spread over 10-85 % of the send phase, a few of each kind; the
-    PostgreSQL restart happens once, near the middle; one route's downstream is down once."""
+    PostgreSQL restart happens once, near the middle; one route's downstream is down once, and
+    another's refuses a share of its writes for a while."""
     rng = random.Random(f"faults:{seed}")
     counts = {
         "kill_worker": max(2, round(duration / 60)),
@@ -250,10 +276,13 @@ def plan_faults(seed: int, duration: float) -> list[Fault]:
         "restart_redis": max(1, round(duration / 150)),
     }
     outage = plan_route_outage(seed, duration)
+    flaky = plan_partial_failure(seed, duration)
     faults = [
         Fault(rng.uniform(0.45, 0.55) * duration, "restart_postgres"),
         Fault(outage.start, "route_down"),
         Fault(outage.end, "route_up"),
+        Fault(flaky.start, "route_flaky"),
+        Fault(flaky.end, "route_steady"),
     ]
     for kind, n in counts.items():
         slot = 0.75 * duration / n

@@ -67,7 +67,9 @@ read_timeout_seconds = 1
 backoff_base_seconds = 0.2
 backoff_cap_seconds = 2
 max_attempts = {max_attempts}
-circuit_failure_threshold = {plan.CIRCUIT_FAILURE_THRESHOLD}
+circuit_minimum_calls = {plan.CIRCUIT_MINIMUM_CALLS}
+circuit_window_seconds = {plan.CIRCUIT_WINDOW_SECONDS}
+circuit_half_open_calls = {plan.CIRCUIT_HALF_OPEN_CALLS}
 circuit_cooldown_seconds = {plan.CIRCUIT_COOLDOWN_SECONDS}
 circuit_cooldown_cap_seconds = {plan.CIRCUIT_COOLDOWN_CAP_SECONDS}
 """
@@ -87,6 +89,7 @@ class Chaos:
         fleet: Fleet,
         crm: FakeCrm,
         route_outage: plan.RouteOutage,
+        partial: plan.PartialFailure,
         redis: OwnRedis,
         postgres: OwnPostgres,
         sender: Sender,
@@ -98,6 +101,7 @@ class Chaos:
         self.fleet = fleet
         self.crm = crm
         self.route_outage = route_outage
+        self.partial = partial
         self.redis = redis
         self.postgres = postgres
         self.sender = sender
@@ -198,12 +202,21 @@ class Chaos:
         return {"down_at": round(down, 2), "stopped_at": round(stopped, 2), "up_at": round(up, 2)}
 
     def route_down(self) -> dict[str, Any]:
-        self.crm.take_down(self.route_outage.collection)
+        # Two windows back: what the breaker's sliding window can still weigh.
+        self.crm.take_down(self.route_outage.collection, 2 * plan.CIRCUIT_WINDOW_SECONDS)
         return {"collection": self.route_outage.collection}
 
     def route_up(self) -> dict[str, Any]:
         self.crm.take_down(None)
         return {"collection": self.route_outage.collection}
+
+    def route_flaky(self) -> dict[str, Any]:
+        self.crm.make_flaky(self.partial.collection, self.partial.share)
+        return {"collection": self.partial.collection, "share": self.partial.share}
+
+    def route_steady(self) -> dict[str, Any]:
+        self.crm.make_flaky(None)
+        return {"collection": self.partial.collection}
 
 
 def say(message: str) -> None:
@@ -305,7 +318,7 @@ def _incidents(incidents: list[dict[str, Any]]) -> str:
 
 
 def table(report: dict[str, Any]) -> str:
-    s, a, g, c, f, k, o = (
+    s, a, g, c, f, k, o, p = (
         report["sent"],
         report["answers"],
         report["gateway"],
@@ -313,6 +326,7 @@ def table(report: dict[str, Any]) -> str:
         report["faults"],
         report["claims"],
         report["route_outage"],
+        report["partial_failure"],
     )
     statuses = a["answers_by_status"]
     two_xx = sum(n for code, n in statuses.items() if code.startswith("2"))
@@ -393,7 +407,13 @@ def table(report: dict[str, Any]) -> str:
             "route outage",
             f"{o['route']} down {o['seconds']} s: {o['writes_refused']} writes reached it"
             f" (bound {o['bound']}); circuit opened {o['circuit_opened']}, closed"
-            f" {o['circuit_closed']} times, {o['probes']} probes; ends {o['final_circuit']}",
+            f" {o['circuit_closed']} times, {o['trials']} trials; ends {o['final_circuit']}",
+        ),
+        (
+            "partial failure",
+            f"{p['route']} refused {p['share']:.0%} of writes for {p['seconds']} s:"
+            f" {p['writes_refused']} refused; circuit opened {p['circuit_opened']}, closed"
+            f" {p['circuit_closed']} times; ends {p['final_circuit']}",
         ),
         ("incidents", _incidents(report["incidents"])),
         ("quiescence", _quiescence(report)),
@@ -474,6 +494,7 @@ def run(args: argparse.Namespace) -> int:
         events, deliveries = plan.plan_events(seed, args.events, args.duration, args.claims_share)
         faults = plan.plan_faults(seed, args.duration)
         route_outage = plan.plan_route_outage(seed, args.duration)
+        partial = plan.plan_partial_failure(seed, args.duration)
         receiver_url = f"http://127.0.0.1:{fleet.receiver_port}"
         posted = [d for d in deliveries if d.event.via == plan.VIA_EVENTS]
         claimed = [d for d in deliveries if d.event.via == plan.VIA_CLAIMS]
@@ -484,6 +505,7 @@ def run(args: argparse.Namespace) -> int:
             fleet,
             crm,
             route_outage,
+            partial,
             redis,
             postgres,
             sender,
@@ -565,7 +587,7 @@ def run(args: argparse.Namespace) -> int:
             check.route_events(sorted(log_dir.glob("worker-*.log"))),
             db,
             in_flight=args.workers * args.concurrency,
-            # A worker killed while the route was down may take a probe with it.
+            # A worker killed while the route was down may take a trial with it.
             kills=sum(
                 1
                 for entry in chaos.log
@@ -574,7 +596,21 @@ def run(args: argparse.Namespace) -> int:
             ),
             violations=violations,
         )
-        kinds = ("kill_worker", "kill_relay", "restart_redis", "restart_postgres", "route_down")
+        partial_facts = check.verify_partial_failure(
+            partial,
+            crm_state,
+            check.route_events(sorted(log_dir.glob("worker-*.log"))),
+            db,
+            violations,
+        )
+        kinds = (
+            "kill_worker",
+            "kill_relay",
+            "restart_redis",
+            "restart_postgres",
+            "route_down",
+            "route_flaky",
+        )
         for kind in kinds:
             if not chaos.counts[kind]:
                 violations.add("fault_missing", f"no {kind} happened")
@@ -645,6 +681,7 @@ def run(args: argparse.Namespace) -> int:
                 "log": chaos.log,
             },
             "route_outage": outage_facts,
+            "partial_failure": partial_facts,
             "incidents": chaos.incidents,
             "timeline": timeline.samples,
             "violations": violations.as_dict(),

@@ -198,3 +198,24 @@ def test_an_operator_time_filter_out_of_range_is_422(stack: Stack, since: str) -
         assert answer.headers["content-type"] == "application/problem+json"
         assert answer.json()["error"] == "invalid_request"
     assert query(stack.database_url, "SELECT count(*) FROM replays") == [(0,)]
+
+
+@pytest.mark.parametrize("field", ["correlation_id", "workflow", "execution_id"])
+def test_a_label_that_cannot_be_a_header_is_422_naming_the_field(stack: Stack, field: str) -> None:
+    """A non-ASCII correlation id, workflow or execution id is refused at intake with 422, the
+    field and the rule named, and nothing stored (events and claims alike)."""
+    with stack.client() as client:
+        event = client.post("/v1/events", json=envelope("label-1", **{field: "caf\u00e9"}))
+        claim = client.post("/v1/claims", json={"key": "label-1", field: "a\r\nb"})
+    assert event.status_code == 422, event.text
+    assert event.json()["error"] == "invalid_envelope"
+    assert [(e["field"], e["type"]) for e in event.json()["errors"]] == [
+        (field, "label_not_visible_ascii")
+    ]
+    if field != "execution_id":  # the claims API takes no execution id
+        assert claim.status_code == 422, claim.text
+        assert [(e["field"], e["type"]) for e in claim.json()["errors"]] == [
+            (f"body.{field}", "label_not_visible_ascii")
+        ]
+    assert query(stack.database_url, "SELECT count(*) FROM idempotency_keys") == [(0,)]
+    assert query(stack.database_url, "SELECT count(*) FROM outbox") == [(0,)]

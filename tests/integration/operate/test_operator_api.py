@@ -308,7 +308,7 @@ def test_a_confirm_token_made_without_a_dry_run_is_refused(
         ({"limit": 5}, "(body)"),
         ({"statuses": ["succeeded"]}, "statuses"),
         ({"statuses": ["pending"]}, "statuses"),
-        ({"statuses": ["failed_final"], "limit": 1001}, "limit"),
+        ({"statuses": ["failed_final"], "limit": 100_001}, "limit"),
         ({"statuses": ["failed_final"], "dry_run": False}, "(body)"),
         ({"event_type": "x", "since": "someday"}, "(body)"),
     ],
@@ -323,7 +323,7 @@ def test_a_confirm_token_made_without_a_dry_run_is_refused(
     ],
 )
 def test_replay_refuses_unsafe_filters(stack: Stack, body: dict[str, Any], field: str) -> None:
-    """A filter that names nothing, a status that may not be replayed, a limit over 1000 or an
+    """A filter that names nothing, a status that may not be replayed, a limit over 100 000 or an
     execution without its token is refused with 422."""
     answer = _post(stack, "/v1/replays", body)
     assert answer.status_code == 422, answer.text
