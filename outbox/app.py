@@ -73,6 +73,8 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         finally:
             await state["engine"].dispose()
             state["sync_engine"].dispose()
+            # Here, not after uvicorn.run: uvicorn re-raises the stopping signal once it is done.
+            log.info("receiver.stopped")
 
     app = Receiver(
         title="idem gateway",

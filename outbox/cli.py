@@ -65,7 +65,6 @@ def serve(
         access_log=False,
         server_header=False,
     )
-    log.info("receiver.stopped")
 
 
 @app.command()

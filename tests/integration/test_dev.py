@@ -56,7 +56,7 @@ def test_dev_runs_everything_on_embedded_servers_and_stops_on_ctrl_c(tmp_path: P
     """Without DATABASE_URL/REDIS_URL, `idem dev` starts embedded PostgreSQL and Redis, runs an
     event to `succeeded`, lets `idem stats`, `idem dlq list` and the operator API of a second
     shell reach them with nothing set, changes nothing outside its folder, and Ctrl-C stops
-    every process it started."""
+    every process it started, each once."""
     port = free_port()
     project = tmp_path / "project"  # under pytest's private tree, as a clone under /root is
     project.mkdir()
@@ -110,7 +110,10 @@ def test_dev_runs_everything_on_embedded_servers_and_stops_on_ctrl_c(tmp_path: P
         code = dev.wait(timeout=60)
     output = (tmp_path / "dev.log").read_text()
     assert code == 0, output[-3000:]
+    # One shutdown line per process: each child was told once.
     assert output.count("Warm shutdown") == 1, output[-3000:]
+    for stopped in ("receiver.stopped", "relay.stopped", "sweeper.stopped", "dev.stopped"):
+        assert output.count(f'"{stopped}"') == 1, (stopped, output[-3000:])
     assert not (data_dir / "env").exists()
     wait_until(lambda: not any(_listening(port) for port in _ports(shared)), timeout=20)
     assert system_state(project) == before
