@@ -12,13 +12,20 @@ help: ## List the targets with what they do
 
 install: $(STAMP) ## Create .venv and install the project with its test tools (pinned; nothing outside this folder)
 
-browser: ## Debian's chromium for the console's browser tests (make test runs it: apt-get, as root only)
-	@[ -x /usr/bin/chromium ] || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && (apt-get update -qq && apt-get install -y -qq chromium) ; } || true
+browser: ## Debian's chromium, no recommended packages, for the console's browser tests (apt-get, as root; make test runs it)
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "make browser: apt-get install --no-install-recommends chromium"; \
+	  out=$$( { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends chromium; } 2>&1 ) || { echo "$$out"; exit 1; }; \
+	else echo "make browser: no /usr/bin/chromium (install Debian's chromium); the console's browser tests will fail"; fi
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	@# setuptools' notice on every editable install (a folder named like a package may shadow
+	@# it) says nothing about this project: its packages are the folders of the same name.
+	PYTHONWARNINGS='ignore:Editable installation' $(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 constraints: ## Re-pin every dependency in constraints.txt (run after changing pyproject's dependencies)
@@ -31,8 +38,10 @@ constraints: ## Re-pin every dependency in constraints.txt (run after changing p
 	  .constraints-venv/bin/pip freeze --exclude idem-gateway; } > constraints.txt
 	rm -rf .constraints-venv build *.egg-info
 
-run: install ## Run everything (receiver, relay, worker; embedded servers if no URLs are set)
-	$(VENV)/bin/idem dev
+run: install ## Run everything (receiver, relay, worker, sweeper; embedded servers if no URLs are set)
+	@# exec: no shell between make and idem dev. Scripts and supervisors that signal the PID
+	@# they started should run .venv/bin/idem dev itself (make waits for its child on SIGINT).
+	exec $(VENV)/bin/idem dev
 
 demo: install ## Tell the story: a lost CRM answer, a redelivery, still one task
 	$(VENV)/bin/idem demo

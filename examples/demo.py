@@ -20,7 +20,6 @@ import threading
 import time
 import traceback
 import uuid
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -99,9 +98,7 @@ def start_gateway(
     `work/logs`; returns the receiver's URL. What it starts is added to `servers`/`children`."""
     env = dict(os.environ)
     if not env.get("DATABASE_URL"):
-        with warnings.catch_warnings():  # platformdirs: no XDG_RUNTIME_DIR, harmless
-            warnings.simplefilter("ignore")
-            server, env["DATABASE_URL"] = start_postgres(work / "postgres")
+        server, env["DATABASE_URL"] = start_postgres(work / "postgres")
         servers.append(server)
     if not env.get("REDIS_URL"):
         redis, env["REDIS_URL"] = start_redis(work / "redis", appendonly=False)

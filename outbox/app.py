@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import Engine
 from sqlalchemy import exc as sa_exc
@@ -73,6 +73,8 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         finally:
             await state["engine"].dispose()
             state["sync_engine"].dispose()
+            # Here, not after uvicorn.run: uvicorn re-raises the stopping signal once it is done.
+            log.info("receiver.stopped")
 
     app = Receiver(
         title="idem gateway",
@@ -81,10 +83,13 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         lifespan=lifespan,
         # The schema and its viewers map every endpoint for a scanner: only when asked for.
         openapi_url="/openapi.json" if settings.api_docs else None,
-        docs_url="/docs" if settings.api_docs else None,
-        redoc_url="/redoc" if settings.api_docs else None,
+        # /docs is added below, from installed files; ReDoc would load itself from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes)
+    if settings.api_docs:
+        _serve_api_docs(app)
 
     @app.exception_handler(Problem)
     async def _problem(_: Request, problem: Problem) -> JSONResponse:
@@ -187,3 +192,24 @@ def _unavailable(settings: Settings) -> Problem:
         "The database is unreachable; nothing was stored or changed. Retry later.",
         headers={"Retry-After": str(settings.unavailable_retry_after)},
     )
+
+
+def _serve_api_docs(app: FastAPI) -> None:
+    """/docs: Swagger UI from the installed `swagger-ui-bundle-v2` package's files, so the page
+    works on a machine that cannot reach a CDN."""
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.staticfiles import StaticFiles
+    from swagger_ui_bundle import swagger_ui_path
+
+    app.mount("/docs/assets", StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def _docs(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}/openapi.json",
+            title="idem gateway: API",
+            swagger_js_url=f"{root}/docs/assets/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}/docs/assets/swagger-ui.css",
+            swagger_favicon_url=f"{root}/docs/assets/favicon-32x32.png",
+        )

@@ -8,6 +8,7 @@ registered from its own module (`outbox.operate.commands`, `outbox.operate.watch
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from typing import Any
 import typer
 
 from outbox.core.logs import get_logger
-from outbox.core.settings import get_settings
+from outbox.core.settings import dev_env_file, get_settings
 from outbox.maintenance.commands import purge_command
 from outbox.operate.commands import dlq_app, replay_command
 from outbox.operate.watch import routes_app, stats_command, stuck_command
@@ -162,10 +163,12 @@ def dev(
     ),
 ) -> None:
     """Run everything in the foreground: migrations, receiver, relay, worker, sweeper. Ctrl-C
-    stops all.
+    (or SIGTERM to this process) stops all.
 
     With no DATABASE_URL / REDIS_URL, embedded PostgreSQL and Redis start with their data in
-    DATA_DIR (default .idem/).
+    DATA_DIR (default .idem/). Their URLs and the operator token (OPERATOR_TOKEN, else one made
+    for this run) are written to DATA_DIR/env, where every `idem` command started from the
+    same folder finds them.
     """
     from outbox.store import embedded
     from outbox.store.migrate import upgrade
@@ -173,24 +176,30 @@ def dev(
     os.environ.setdefault("LOG_FORMAT", "console")
     # On a developer's machine the API's schema and its viewers help; production leaves them off.
     os.environ.setdefault("API_DOCS", "true")
+    _clear_stale_dev_env()
     get_settings.cache_clear()
     settings = load_settings(need_servers=False)
     env = dict(os.environ)
     servers: list[Any] = []
     redis_process: subprocess.Popen[bytes] | None = None
     data_dir = Path(settings.data_dir).resolve()
+    shared: dict[str, str] = {}
     try:
         if not settings.database_url:
-            server, env["DATABASE_URL"] = embedded.start_postgres(data_dir / "postgres")
+            server, shared["DATABASE_URL"] = embedded.start_postgres(data_dir / "postgres")
             servers.append(server)
-            log.info("embedded.postgres", data_dir=str(data_dir / "postgres"))
+            log.info("embedded.postgres", data_dir=str(data_dir / "postgres"), port=server.port)
         if not settings.redis_url:
-            redis_process, env["REDIS_URL"] = embedded.start_redis(data_dir / "redis")
-            log.info("embedded.redis", url=env["REDIS_URL"])
+            redis_process, shared["REDIS_URL"] = embedded.start_redis(data_dir / "redis")
+            log.info("embedded.redis", url=shared["REDIS_URL"])
     except RuntimeError as error:
         for server in servers:
             server.cleanup()
         fail(str(error))
+    if not settings.operator_token:
+        shared["OPERATOR_TOKEN"] = secrets.token_urlsafe(32)
+    env.update(shared)
+    env_file = _write_dev_env(shared)
     revision = upgrade(env.get("DATABASE_URL") or settings.database_url)
     log.info("migrations.applied", revision=revision)
     commands = {
@@ -204,9 +213,14 @@ def dev(
         ],
         "sweeper": [sys.executable, "-m", "outbox.cli", "sweep"],
     }
-    children = {name: subprocess.Popen(cmd, env=env) for name, cmd in commands.items()}
+    # Each child in a process group of its own: a terminal's Ctrl-C reaches this process only,
+    # which then stops each child once (a Celery worker told twice prints its shutdown twice).
+    children = {
+        name: subprocess.Popen(cmd, env=env, process_group=0) for name, cmd in commands.items()
+    }
     url = f"http://{settings.host}:{settings.port}"
-    log.info("dev.started", url=url, processes=sorted(children))
+    log.info("dev.started", url=url, processes=sorted(children), pid=os.getpid())
+    _explain_operator_token(url, shared.get("OPERATOR_TOKEN"), env_file)
     _explain_claims_token(url, settings.claims_token)
     stop = threading.Event()
     _stop_on_signals(stop)
@@ -219,6 +233,7 @@ def dev(
                 exit_code = 1
                 break
     finally:
+        env_file.unlink(missing_ok=True)
         embedded.terminate(list(children.values()))
         if redis_process is not None:
             embedded.terminate([redis_process])
@@ -226,6 +241,45 @@ def dev(
             server.cleanup()
         log.info("dev.stopped")
     raise typer.Exit(exit_code)
+
+
+def _clear_stale_dev_env() -> None:
+    """Refuse while another `idem dev` of this folder runs; forget the file a killed one left."""
+    env_file = dev_env_file()
+    if not env_file.is_file():
+        return
+    for line in env_file.read_text().splitlines():
+        if line.startswith("IDEM_DEV_PID="):
+            pid = int(line.partition("=")[2] or 0)
+            if pid and pid != os.getpid() and Path(f"/proc/{pid}").exists():
+                fail(f"another `idem dev` (pid {pid}) runs with {env_file}; stop it first")
+    env_file.unlink()
+
+
+def _write_dev_env(values: dict[str, str]) -> Path:
+    """Write what this run made (embedded servers' URLs, an operator token) where every `idem`
+    command reads it (readable by this user only: it holds a password and a token)."""
+    env_file = dev_env_file()
+    env_file.parent.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "# Written by `idem dev` for the `idem` commands of other shells; removed when it stops.",
+        f"IDEM_DEV_PID={os.getpid()}",
+        *(f"{name}={value}" for name, value in values.items()),
+    ]
+    descriptor = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write("\n".join(lines) + "\n")
+    return env_file
+
+
+def _explain_operator_token(url: str, made: str | None, env_file: Path) -> None:
+    """Say how an operator reaches this gateway: the token, the console, the commands."""
+    log.info(
+        "dev.operator",
+        token=made or "OPERATOR_TOKEN (set in the environment)",
+        console=f"{url}/console",
+        commands=f"idem stats, idem dlq list, ... from this folder (they read {env_file})",
+    )
 
 
 def _explain_claims_token(url: str, token: str) -> None:
@@ -241,9 +295,9 @@ def _explain_claims_token(url: str, token: str) -> None:
     else:
         log.info(
             "dev.claims_api",
-            auth="CLAIMS_TOKEN is unset: only clients on this machine are served",
-            enable="export CLAIMS_TOKEN=$(python -c 'import secrets;"
-            " print(secrets.token_urlsafe(32))') before `idem dev`, then",
+            auth="CLAIMS_TOKEN is unset, so only clients on this machine are served",
+            to_require_a_token="start with CLAIMS_TOKEN=$(python -c 'import secrets;"
+            " print(secrets.token_urlsafe(32))') idem dev",
             example=example,
         )
 

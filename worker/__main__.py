@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
+import warnings
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
@@ -21,6 +22,7 @@ from worker import metrics
 metrics.prepare_directory()
 
 from celery import signals  # noqa: E402
+from celery.exceptions import SecurityWarning  # noqa: E402
 
 from outbox.core.logs import configure_logging, get_logger  # noqa: E402
 from outbox.core.routes import RoutesError  # noqa: E402
@@ -85,6 +87,11 @@ def main(argv: list[str] | None = None) -> None:
     def _asked_to_stop(sig: str | None = None, **_: Any) -> None:
         asked.set()
 
+    # Started by root, Celery refuses to run when it accepts pickle and otherwise warns, in
+    # eight lines, on every start. This worker accepts JSON only (worker/app.py), so the warning
+    # says nothing it does not already know; C_FORCE_ROOT stays unset, since it would also lift
+    # the refusal for pickle.
+    warnings.filterwarnings("ignore", category=SecurityWarning)
     # `start`, not `worker_main`: the latter drops the worker's exit code.
     celery_status = app.start(
         [

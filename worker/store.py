@@ -153,7 +153,9 @@ class KeyStore:
                     open_until=row["route_open_until"],
                 ),
             )
-        state = self.one(lifecycle.KEY_STATE, {"key": key, "payload_hash": None})
+        state = self.one(
+            lifecycle.KEY_STATE, {"key": key, "payload_hash": None, "refused_by": "worker"}
+        )
         if state is None:
             return Blocked(status=None, lease_live=False)
         return Blocked(

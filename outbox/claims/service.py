@@ -158,7 +158,12 @@ async def claim(
                 previous_error_code=taken["previous_error_code"],
             )
         state = (
-            (await conn.execute(lifecycle.KEY_STATE, {"key": key, "payload_hash": payload_hash}))
+            (
+                await conn.execute(
+                    lifecycle.KEY_STATE,
+                    {"key": key, "payload_hash": payload_hash, "refused_by": "claims"},
+                )
+            )
             .mappings()
             .first()
         )

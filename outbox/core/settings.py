@@ -5,6 +5,7 @@ Every knob has a default that runs on a laptop; the README's "Configuration" tab
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -154,5 +155,15 @@ def sqlalchemy_url(url: str) -> str:
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process's settings, read from the environment once, on first use."""
-    return Settings()
+    """The process's settings, read from the environment once, on first use; what the
+    environment leaves unset is taken from a running `idem dev`'s file (`dev_env_file`)."""
+    env_file = dev_env_file()
+    # `_env_file` is BaseSettings' own argument; mypy sees only the fields' __init__.
+    return Settings(_env_file=env_file if env_file.is_file() else None)  # type: ignore[call-arg]
+
+
+def dev_env_file() -> Path:
+    """Where `idem dev` writes the URLs of the embedded servers it started and its operator
+    token (in DATA_DIR, `.idem/env` by default), so that every `idem` command run from the
+    same folder reaches them with nothing set; it is removed when `idem dev` stops."""
+    return Path(os.environ.get("DATA_DIR") or ".idem") / "env"

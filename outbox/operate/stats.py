@@ -60,6 +60,7 @@ def collect(engine: Engine) -> dict[str, Any]:
         "duplicates_blocked": {
             "receiver": int(counters.duplicates),
             "worker": int(counters.blocked),
+            "claims": int(counters.refused_claims),
         },
         "leases_reclaimed": int(counters.reclaimed),
         # Routes whose keys wait on them: paused, or a circuit not closed.

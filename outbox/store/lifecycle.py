@@ -167,9 +167,11 @@ CLAIM_KEY: TextClause = text(
 KEY_STATE: TextClause = text(
     """
     -- Why a claim was refused: another actor's key, finished, held (and for how long), or
-    -- another payload. Counts the refused delivery.
+    -- another payload. Counts the refusal where it happened: a delivery the worker refused
+    -- (:refused_by 'worker') or a claim the claims API refused ('claims').
     UPDATE idempotency_keys
-       SET blocked_deliveries = blocked_deliveries + 1
+       SET blocked_deliveries = blocked_deliveries + CAST(:refused_by = 'worker' AS integer),
+           refused_claims = refused_claims + CAST(:refused_by = 'claims' AS integer)
      WHERE idempotency_key = :key
     RETURNING actor, status, correlation_id, result, external_ref, error_code,
               (CAST(:payload_hash AS text) IS NOT NULL AND payload_hash <> :payload_hash)

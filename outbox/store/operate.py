@@ -154,6 +154,7 @@ STATS_COUNTER_TOTALS: TextClause = text(
     -- Repeats blocked and leases reclaimed, kept as they happen (migration 0007's trigger):
     -- a handful of rows, never a sum over the keys.
     SELECT COALESCE(sum(duplicates), 0) AS duplicates, COALESCE(sum(blocked), 0) AS blocked,
+           COALESCE(sum(refused_claims), 0) AS refused_claims,
            COALESCE(sum(reclaimed), 0) AS reclaimed
       FROM key_counter_totals
     """

@@ -1,8 +1,8 @@
 """The soak's own servers and processes: a PostgreSQL and a Redis nobody else uses, and the
 gateway's processes, each of which the soak may kill and replace.
 
-Nothing here touches a server it did not start: PostgreSQL listens only on a Unix socket in
-the soak's temporary directory, Redis on a free port of its own, and every kill names a PID
+Nothing here touches a server it did not start: PostgreSQL and Redis listen on free ports of
+their own (PostgreSQL with a password made for it), and every kill names a PID
 this module spawned.
 """
 
@@ -16,7 +16,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -26,66 +25,30 @@ from tests.support import ROOT
 
 
 class OwnPostgres:
-    """An embedded PostgreSQL (pgserver) in `data_dir`, with a fast stop and a start again.
-
-    pgserver runs its binaries as the system user `pgserver` when started by root, so pg_ctl
-    goes through its `_commands` wrapper with that user.
-    """
+    """An embedded PostgreSQL in `data_dir`, with a fast stop and a start again on its port."""
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
-        self.server: Any = None
+        self.server: embedded.EmbeddedPostgres | None = None
         self.url = ""
-        self._socket_dir = ""
 
     def start(self) -> str:
         self.server, self.url = embedded.start_postgres(self.data_dir)
-        self._socket_dir = str(self._info().socket_dir)
         return self.url
 
-    def _info(self) -> Any:
-        from pgserver.utils import PostmasterInfo
-
-        return PostmasterInfo.read_from_pgdata(self.data_dir)
-
-    def _pg_ctl(self, args: list[str]) -> None:
-        from pgserver import _commands
-
-        _commands.pg_ctl(args, pgdata=self.data_dir, user=self.server.system_user, timeout=60)
-
     def stop_fast(self) -> None:
-        """`pg_ctl -m fast stop`: sessions are disconnected, open transactions rolled back."""
-        self._pg_ctl(["-w", "-m", "fast", "stop"])
+        """A fast stop: sessions are disconnected, open transactions rolled back."""
+        assert self.server is not None
+        self.server.stop(fast=True)
 
     def start_again(self) -> None:
-        """Start on the same data directory and socket (the options pgserver first used)."""
-        self._pg_ctl(
-            [
-                "-w",
-                "-o",
-                '-h ""',
-                "-o",
-                f"-k {self._socket_dir}",
-                "-l",
-                str(self.data_dir / "log"),
-                "start",
-            ]
-        )
-        # pgserver stops the server it knows at cleanup: tell it about the new postmaster.
-        self.server._postmaster_info = self._info()
+        """Start on the same data directory and port."""
+        assert self.server is not None
+        self.server.start()
 
     def cleanup(self) -> None:
-        if self.server is None:
-            return
-        # pgserver stops the postmaster it knows (and forgets its own bookkeeping); if that
-        # fails, or the server was left stopped, pg_ctl does it.
-        with contextlib.suppress(Exception):
-            self.server._postmaster_info = self._info() or self.server._postmaster_info
+        if self.server is not None:
             self.server.cleanup()
-        info = self._info()
-        if info is not None and info.is_running():
-            with contextlib.suppress(Exception):
-                self._pg_ctl(["-w", "-m", "fast", "stop"])
         self.server = None
 
 

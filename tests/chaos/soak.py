@@ -445,7 +445,7 @@ def run(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     t_start = time.monotonic()
-    # Outside pytest's tree and the project: the embedded server runs as its own system user.
+    # Outside pytest's tree and the project.
     base = Path(tempfile.mkdtemp(prefix="idem-chaos-"))
     log_dir = base / "logs"
     metrics_root = base / "metrics"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -139,8 +140,9 @@ def test_a_short_token_stops_the_start_with_how_to_make_one(name: str, tmp_path:
 def test_api_docs_are_off_unless_asked_for(
     stack: Stack, database_url: str, redis_url: str, routes_file: Path, tmp_path: Path
 ) -> None:
-    """/docs, /redoc and /openapi.json answer 404 by default and 200 with API_DOCS=true."""
-    paths = ["/docs", "/redoc", "/openapi.json"]
+    """/docs and /openapi.json answer 404 by default and 200 with API_DOCS=true, and /docs
+    loads Swagger UI from the gateway itself, never from another host."""
+    paths = ["/docs", "/openapi.json", "/docs/assets/swagger-ui-bundle.js"]
     with stack.client() as client:
         assert [client.get(p).status_code for p in paths] == [404, 404, 404]
     documented = Stack(
@@ -151,5 +153,11 @@ def test_api_docs_are_off_unless_asked_for(
         with documented.client() as client:
             assert [client.get(p).status_code for p in paths] == [200, 200, 200]
             assert "/v1/events" in client.get("/openapi.json").json()["paths"]
+            page = client.get("/docs").text
+            assets = re.findall(r'(?:src|href)="([^"]+)"', page)
+            assert assets, page
+            assert all(asset.startswith("/docs/assets/") for asset in assets), assets
+            assert "://" not in page, page
+            assert client.get("/docs/assets/swagger-ui.css").status_code == 200
     finally:
         documented.stop_all()

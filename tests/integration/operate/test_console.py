@@ -60,7 +60,8 @@ def browser() -> Iterator[Browser]:
     if not CHROMIUM.is_file():
         pytest.fail(
             f"Debian's chromium is missing at {CHROMIUM}: `make test` as root installs it"
-            " (`make browser`), or run `apt-get update && apt-get install -y chromium`."
+            " (`make browser`), or run `apt-get update && apt-get install -y"
+            " --no-install-recommends chromium`."
             " No browser is downloaded.",
             pytrace=False,
         )

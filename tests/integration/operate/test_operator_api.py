@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from outbox.store.embedded import free_port
-from tests.support import AUTH, Downstream, Reply, Stack, envelope, query, wait_until
+from tests.support import AUTH, Downstream, Reply, Stack, claim, envelope, query, wait_until
 
 
 def _fail_permanently(
@@ -375,12 +375,15 @@ def test_processing_keys_are_replayable_only_once_their_lease_expired(
 
 
 def test_stats_count_what_the_database_holds(stack: Stack, downstream: Downstream) -> None:
-    """Stats report keys by status, open dead letters by kind and duplicates blocked."""
+    """Stats report keys by status, open dead letters by kind and duplicates blocked, with a
+    claim the claims API refused counted under `claims`, not under the worker."""
     _fail_permanently(stack, downstream, ["x1", "x2"])
     downstream.behaviour = None
     with stack.client() as client:
         for _ in range(3):
             client.post("/v1/events", json=envelope("x3"))
+    assert claim(stack, "held-by-a-workflow").status_code == 201
+    assert claim(stack, "held-by-a-workflow").json()["status"] == "in_progress"
     wait_until(lambda: _get(stack, "/v1/stats").json()["keys_by_status"]["succeeded"] == 1)
     numbers = _get(stack, "/v1/stats").json()
     assert numbers["keys_by_status"]["failed_final"] == 2
@@ -389,9 +392,9 @@ def test_stats_count_what_the_database_holds(stack: Stack, downstream: Downstrea
         "retries_exhausted": 0,
         "quarantined": 0,
     }
-    assert numbers["duplicates_blocked"]["receiver"] == 2
+    assert numbers["duplicates_blocked"] == {"receiver": 2, "worker": 0, "claims": 1}
     assert numbers["outbox"]["due"] == 0
-    assert numbers["processing"]["count"] == 0
+    assert numbers["processing"]["count"] == 1  # the claim a workflow holds
 
 
 def _metric(text: str, name: str, **labels: str) -> float:

@@ -504,7 +504,7 @@ def test_stats_json_matches_the_rows(own_database: str, idem: Idem) -> None:
     assert (doc["processing"]["count"], doc["processing"]["lease_expired"]) == (2, 1)
     assert 3590 < doc["processing"]["oldest_age_seconds"] < 3700
     assert doc["open_dead_letters"] == {"permanent": 1, "retries_exhausted": 0, "quarantined": 1}
-    assert doc["duplicates_blocked"] == {"receiver": 5, "worker": 3}
+    assert doc["duplicates_blocked"] == {"receiver": 5, "worker": 3, "claims": 0}
     assert doc["leases_reclaimed"] == 3
     text = idem("stats")
     assert text.returncode == 0, text.stderr
