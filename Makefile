@@ -46,8 +46,10 @@ run: install ## Run everything (receiver, relay, worker, sweeper; embedded serve
 demo: install ## Tell the story: a lost CRM answer, a redelivery, still one task
 	$(VENV)/bin/idem demo
 
+# Test processes: two, one per core of the machine the suite is sized for (TEST_WORKERS=0: one).
+TEST_WORKERS ?= 2
 test: install browser ## Run the test suite (real PostgreSQL, Redis and Celery workers; slow soaks excluded)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 test-slow: install ## Run the slow soaks only (route protection on real processes; n8n when installed)
 	$(PY) -m pytest -m slow
