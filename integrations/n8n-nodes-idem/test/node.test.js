@@ -214,3 +214,77 @@ test('the credential is Idem API with base URL, claims token, operator token and
 	);
 	for (const secret of credential.properties.slice(1)) assert.equal(secret.typeOptions.password, true, secret.name);
 });
+
+// ------------------------------------------------------------------ chained as in a workflow
+
+/**
+ * A parameter as n8n resolves it for one item: the value set in the workflow, else the
+ * property's default for this operation; an expression `={{ … }}` is evaluated against the
+ * item's JSON (only `$json` is needed by the node's defaults).
+ */
+function resolveParameter(operation, set, name, json, fallback) {
+	const property = new Idem().description.properties.find(
+		(p) => p.name === name && (!p.displayOptions?.show?.operation || p.displayOptions.show.operation.includes(operation)),
+	);
+	const value = name in set ? set[name] : property ? property.default : fallback;
+	if (typeof value === 'string' && value.startsWith('={{') && value.endsWith('}}')) {
+		return new Function('$json', `return (${value.slice(3, -2)})`)(json);
+	}
+	return value;
+}
+
+/** One node of a workflow: `set` the parameters the workflow sets, items from the node before. */
+async function step(operation, set, items, answers) {
+	const fake = context({ parameters: {}, answers, items });
+	fake.getNodeParameter = (name, index, fallback) =>
+		name === 'operation' ? operation : resolveParameter(operation, set, name, items[index].json, fallback);
+	const outputs = await new Idem().execute.call(fake);
+	return { outputs, requests: fake.requests };
+}
+
+test('Claim → Heartbeat → Complete with the default parameters: the lease token survives the heartbeat', async () => {
+	const webhookItem = { json: { body: { id: 'evt-1' }, headers: { 'x-signature': 'a' } } };
+	const claimed = await step('claim', { key: CLAIM.key, payload: '{"event_id": "evt-1"}' }, [webhookItem], [
+		[201, { status: 'claimed', key: CLAIM.key, lease_token: '3.abc', uncertain: false, reclaimed: false }],
+	]);
+	const act = claimed.outputs[0];
+	assert.equal(act.length, 1);
+
+	const beat = await step('heartbeat', {}, act, [
+		[200, { status: 'claimed', key: CLAIM.key, locked_until: '2030-01-01T00:00:00+00:00' }],
+	]);
+	const afterBeat = beat.outputs[0][0].json.idem;
+	assert.equal(afterBeat.key, CLAIM.key);
+	assert.equal(afterBeat.lease_token, '3.abc', 'the heartbeat answer has no token: the claim’s stays');
+	assert.equal(afterBeat.locked_until, '2030-01-01T00:00:00+00:00');
+	assert.deepEqual(JSON.parse(beat.requests[0].body), { lease_token: '3.abc', lease_seconds: 60 });
+
+	const done = await step('complete', { result: { task_id: 'T-1' } }, beat.outputs[0], [
+		[200, { status: 'succeeded', key: CLAIM.key, external_ref: null }],
+	]);
+	assert.equal(done.requests[0].url, `http://idem.test/v1/claims/${encodeURIComponent(CLAIM.key)}/complete`);
+	assert.equal(JSON.parse(done.requests[0].body).lease_token, '3.abc');
+	const final = done.outputs[0][0].json;
+	assert.equal(final.idem.status, 'succeeded');
+	assert.equal(final.idem.key, CLAIM.key);
+	assert.equal(final.idem.lease_token, '3.abc');
+	assert.deepEqual(final.body, { id: 'evt-1' }, 'the item’s own fields are kept');
+});
+
+test('Get Event and Send Event after a claim keep the claim’s key and lease token', async () => {
+	const claimedItem = { json: { idem: { key: 'claim-key', lease_token: '9.zz', status: 'claimed', outcome: 'act' } } };
+	const looked = await step('getEvent', { key: 'claim-key' }, [claimedItem], [[200, { key: 'claim-key', status: 'processing', attempts: 1 }]]);
+	assert.equal(looked.outputs[0][0].json.idem.lease_token, '9.zz');
+	assert.equal(looked.outputs[0][0].json.idem.status, 'processing');
+	const sent = await step(
+		'sendEvent',
+		{ source: 's', eventType: 't', externalId: '1', eventPayload: { a: 1 } },
+		[claimedItem],
+		[[202, { key: 's:t:1', status: 'pending', duplicate: false }]],
+	);
+	const idem = sent.outputs[0][0].json.idem;
+	assert.equal(idem.key, 'claim-key');
+	assert.equal(idem.lease_token, '9.zz');
+	assert.equal(idem.event_key, 's:t:1');
+	assert.equal(idem.outcome, undefined, 'the claim’s routing is not carried onto a later answer');
+});

@@ -237,3 +237,22 @@ test('busy waits honour Retry-After, at least 1 s and at most the cap', () => {
 	assert.equal(protocol.busyWaitSeconds(busy({}), 30), protocol.BUSY_WAIT_DEFAULT_SECONDS);
 	assert.equal(protocol.busyWaitSeconds(busy({ 'retry-after': 'soon' }), 1), 1);
 });
+
+test('mergeIdem keeps the claim’s key and lease token under later answers', () => {
+	const claimed = { key: 'k', lease_token: '3.abc', status: 'claimed', outcome: 'act', uncertain: false };
+	const beat = protocol.mergeIdem(claimed, { status: 'claimed', key: 'k', locked_until: 'T' }, { key: 'k', leaseToken: '3.abc' });
+	assert.equal(beat.lease_token, '3.abc');
+	assert.equal(beat.locked_until, 'T');
+	assert.equal(beat.outcome, undefined);
+	// Parameters set by hand win over the item's.
+	const manual = protocol.mergeIdem({}, { status: 'succeeded' }, { key: 'other', leaseToken: '5.x' });
+	assert.deepEqual(manual, { status: 'succeeded', key: 'other', lease_token: '5.x' });
+	// An answer about another key (an event) does not take the claim's place.
+	const sent = protocol.mergeIdem(claimed, { key: 'src:1', status: 'pending', duplicate: false });
+	assert.equal(sent.key, 'k');
+	assert.equal(sent.event_key, 'src:1');
+	assert.equal(sent.lease_token, '3.abc');
+	// Without a held claim the answer's key is the key.
+	assert.equal(protocol.mergeIdem(undefined, { key: 'src:1' }).key, 'src:1');
+	assert.equal(protocol.mergeIdem('not an object', { key: 'src:1' }).event_key, undefined);
+});

@@ -26,6 +26,7 @@ import {
 	heartbeatRequest,
 	isUnavailable,
 	jsonParameter,
+	mergeIdem,
 	sendEventRequest,
 	unavailableMessage,
 	type ClaimRoute,
@@ -372,7 +373,8 @@ export class Idem implements INodeType {
 				} else {
 					const request = buildRequest(this, operation, credentials, index);
 					const answer = await send(this, request, index);
-					outputs[0].push(withIdem(items[index], answerFields(answer), index));
+					const merged = mergeIdem(items[index].json.idem, answerFields(answer), leaseOf(this, operation, index));
+					outputs[0].push(withIdem(items[index], merged, index));
 				}
 			} catch (error) {
 				const failure =
@@ -393,6 +395,19 @@ export class Idem implements INodeType {
 /** The item goes on with the gateway's answer under `idem` (the lease token travels there). */
 function withIdem(item: INodeExecutionData, fields: JsonMap, index: number): INodeExecutionData {
 	return { json: { ...item.json, idem: fields as IDataObject }, pairedItem: { item: index } };
+}
+
+/** The key and lease token an operation on a claim used, so they stay on the item. */
+function leaseOf(
+	context: IExecuteFunctions,
+	operation: Operation,
+	index: number,
+): { key?: string; leaseToken?: string } | undefined {
+	if (operation !== 'complete' && operation !== 'fail' && operation !== 'heartbeat') return undefined;
+	return {
+		key: String(context.getNodeParameter('key', index, '') ?? ''),
+		leaseToken: String(context.getNodeParameter('leaseToken', index, '') ?? ''),
+	};
 }
 
 function options(context: IExecuteFunctions, index: number): { correlationId?: string; timeout?: number } {

@@ -337,6 +337,38 @@ export function answerFields(answer: GatewayAnswer): JsonMap {
 	return fields;
 }
 
+/** Members of one answer that say nothing about the next one: not carried over. */
+const ANSWER_ONLY = ['error', 'detail', 'title', 'type', 'errors', 'retry_after', 'replayed', 'outcome', 'busy_rounds'];
+
+function isMap(value: unknown): value is JsonMap {
+	return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+/**
+ * The item's `idem` after an operation: the new answer merged over what the item carried, so
+ * the claim's `key` and `lease_token` travel on through Heartbeat, Get Event or Send Event to
+ * Complete or Fail (a heartbeat's answer has no lease token). `claim` is the key and lease token
+ * the operation itself used (Complete, Fail, Heartbeat); without it, a held claim's key stays
+ * `key` and another key the answer names (an event's) goes under `event_key`.
+ */
+export function mergeIdem(previous: unknown, answer: JsonMap, claim?: { key?: string; leaseToken?: string }): JsonMap {
+	const carried: JsonMap = isMap(previous) ? { ...previous } : {};
+	for (const name of ANSWER_ONLY) delete carried[name];
+	const merged: JsonMap = { ...carried, ...answer };
+	if (claim) {
+		if (claim.key) merged.key = claim.key;
+		if (claim.leaseToken && typeof answer.lease_token !== 'string') merged.lease_token = claim.leaseToken;
+		return merged;
+	}
+	const held = typeof carried.lease_token === 'string' && carried.lease_token !== '';
+	if (held && typeof carried.key === 'string') {
+		if (answer.key !== undefined && answer.key !== carried.key) merged.event_key = answer.key;
+		merged.key = carried.key;
+		if (typeof answer.lease_token !== 'string') merged.lease_token = carried.lease_token;
+	}
+	return merged;
+}
+
 /** One line for an unavailable answer, for the error n8n shows and retries on. */
 export function unavailableMessage(answer: GatewayAnswer): string {
 	const fields = answerFields(answer);
