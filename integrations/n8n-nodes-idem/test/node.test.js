@@ -114,13 +114,36 @@ test('busy: waits Retry-After and claims again, bounded by Max Rounds', async ()
 	assert.equal(noWait.requests.length, 1);
 });
 
-test('a refusal goes to Refused with the gateway’s error code', async () => {
-	const { outputs } = await run({
-		parameters: CLAIM,
-		answers: [[422, { type: 'urn:idem:error:idempotency_key_reused', status: 422, error: 'idempotency_key_reused', detail: 'd' }]],
-	});
-	assert.equal(routeOf(outputs), 'Refused');
-	assert.equal(outputs[5][0].json.idem.error, 'idempotency_key_reused');
+test('a refused claim goes to Refused: status is the string "refused", the HTTP code is http_status', async () => {
+	for (const [code, body, error] of [
+		[422, { type: 'urn:idem:error:idempotency_key_reused', status: 422, error: 'idempotency_key_reused', detail: 'd' }, 'idempotency_key_reused'],
+		[401, { type: 'urn:idem:error:unauthorized', status: 401, error: 'unauthorized' }, 'unauthorized'],
+		[409, { type: 'urn:idem:error:not_a_claim_key', status: 409, error: 'not_a_claim_key' }, 'not_a_claim_key'],
+	]) {
+		const { outputs } = await run({ parameters: CLAIM, answers: [[code, body]] });
+		assert.equal(routeOf(outputs), 'Refused');
+		const { idem } = outputs[5][0].json;
+		assert.equal(idem.status, 'refused', String(code));
+		assert.equal(idem.http_status, code);
+		assert.equal(idem.error, error);
+		assert.equal(idem.key, CLAIM.key);
+		assert.equal(idem.status_code, undefined);
+	}
+});
+
+test('every outcome carries a state string in status and a number in http_status', async () => {
+	const table = [
+		[[201, { status: 'claimed', lease_token: 't', uncertain: false }], 'claimed', 201],
+		[[200, { status: 'already_succeeded', result: {} }], 'already_succeeded', 200],
+		[[409, { status: 'in_progress' }], 'in_progress', 409],
+		[[409, { status: 'failed_final', error_code: 'x' }], 'failed_final', 409],
+	];
+	for (const [answer, status, httpStatus] of table) {
+		const { outputs } = await run({ parameters: { ...CLAIM, waitWhileBusy: false }, answers: [answer] });
+		const item = outputs.flat()[0];
+		assert.equal(item.json.idem.status, status);
+		assert.equal(item.json.idem.http_status, httpStatus);
+	}
 });
 
 test('a transport error or a 503 is thrown as NodeApiError (Retry On Fail applies)', async () => {
@@ -135,10 +158,16 @@ test('a transport error or a 503 is thrown as NodeApiError (Retry On Fail applie
 	);
 });
 
-test('with Continue On Fail, a transport error leaves on Refused, never on Act', async () => {
+test('with Continue On Fail, a transport error leaves on Refused, never on Act, marked for n8n’s error output', async () => {
 	const { outputs } = await run({ parameters: CLAIM, answers: [new Error('socket hang up')], continueOnFail: true });
 	assert.equal(routeOf(outputs), 'Refused');
-	assert.deepEqual(Object.keys(outputs[5][0].json), ['error']);
+	const [item] = outputs[5];
+	// n8n's "Continue (using error output)" moves items that carry `error` to the error output.
+	assert.ok(item.error instanceof NodeApiError);
+	assert.match(item.json.error, /did not answer/);
+	assert.deepEqual(item.json.body, { id: 'evt-1' }, 'the item keeps its data');
+	assert.equal(item.json.idem.status, 'unavailable');
+	assert.equal(item.json.idem.key, CLAIM.key);
 });
 
 test('an empty key is a NodeOperationError and nothing is sent', async () => {
@@ -147,15 +176,56 @@ test('an empty key is a NodeOperationError and nothing is sent', async () => {
 	assert.equal(fake.requests.length, 0);
 });
 
-test('complete takes key and lease token from its parameters and reports lease_lost on the item', async () => {
+test('complete takes key and lease token from its parameters; lease_lost is thrown, never a success', async () => {
 	const parameters = { operation: 'complete', key: 'k', leaseToken: '3.abc', result: { task_id: 'T-1' }, externalRef: 'T-1' };
 	const done = await run({ parameters, answers: [[200, { status: 'succeeded', key: 'k', external_ref: 'T-1' }]] });
 	assert.equal(done.outputs.length, 1);
 	assert.equal(done.outputs[0][0].json.idem.status, 'succeeded');
+	assert.equal(done.outputs[0][0].json.idem.http_status, 200);
+	assert.equal(done.outputs[0][0].json.idem.lease_token, '3.abc');
 	assert.equal(done.requests[0].url, 'http://idem.test/v1/claims/k/complete');
 	assert.deepEqual(JSON.parse(done.requests[0].body), { lease_token: '3.abc', result: { task_id: 'T-1' }, external_ref: 'T-1' });
-	const lost = await run({ parameters, answers: [[409, { status: 'lease_lost', key: 'k' }]] });
-	assert.equal(lost.outputs[0][0].json.idem.error, 'lease_lost');
+	await assert.rejects(
+		run({ parameters, answers: [[409, { status: 'lease_lost', key: 'k', detail: 'gone' }]] }),
+		(error) => error instanceof NodeApiError && error.httpCode === '409' && /refused Complete \(HTTP 409 lease_lost\)/.test(error.message),
+	);
+});
+
+test('with Continue On Fail, a refusal of Complete, Fail, Heartbeat or Send Event carries the error, a string status and the lease', async () => {
+	const cases = [
+		['complete', { key: 'k', leaseToken: '3.abc' }, [409, { status: 'lease_lost', key: 'k' }], 'lease_lost'],
+		['fail', { key: 'k', leaseToken: '3.abc', errorCode: 'x', retryable: true }, [409, { status: 'lease_lost', key: 'k' }], 'lease_lost'],
+		['heartbeat', { key: 'k', leaseToken: '3.abc' }, [409, { status: 'lease_lost', key: 'k' }], 'lease_lost'],
+		[
+			'sendEvent',
+			{ source: 's', eventType: 't', externalId: '1', eventPayload: { a: 1 } },
+			[422, { type: 'urn:idem:error:idempotency_key_reused', status: 422, error: 'idempotency_key_reused' }],
+			'idempotency_key_reused',
+		],
+		['sendEvent', { source: 's', eventType: 't', externalId: '1', eventPayload: { a: 1 } }, [401, { status: 401, error: 'invalid_signature' }], 'invalid_signature'],
+	];
+	for (const [operation, parameters, answer, code] of cases) {
+		const items = [{ json: { idem: { key: 'k', lease_token: '3.abc', status: 'claimed' } } }];
+		const { outputs } = await run({ parameters: { operation, ...parameters }, answers: [answer], items, continueOnFail: true });
+		assert.equal(outputs.length, 1);
+		const [item] = outputs[0];
+		assert.ok(item.error instanceof NodeApiError, operation);
+		assert.match(item.json.error, /refused/);
+		assert.equal(item.json.idem.status, 'refused', operation);
+		assert.equal(item.json.idem.http_status, answer[0]);
+		assert.equal(item.json.idem.error, code);
+		assert.equal(item.json.idem.key, 'k');
+		assert.equal(item.json.idem.lease_token, '3.abc');
+	}
+});
+
+test('get event: a 404 is an answer (status not_found), not a refusal', async () => {
+	const { outputs } = await run({
+		parameters: { operation: 'getEvent', key: 'nope' },
+		answers: [[404, { type: 'urn:idem:error:key_not_found', status: 404, error: 'key_not_found' }]],
+	});
+	assert.equal(outputs[0][0].json.idem.status, 'not_found');
+	assert.equal(outputs[0][0].json.idem.http_status, 404);
 });
 
 test('fail sends retryable and effect', async () => {

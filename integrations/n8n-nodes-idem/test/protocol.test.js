@@ -202,13 +202,16 @@ test('a problem+json answer puts its error code, detail and HTTP status on the i
 	};
 	const fields = protocol.answerFields(answer(422, problem, { 'content-type': 'application/problem+json' }));
 	assert.equal(fields.error, 'idempotency_key_reused');
-	assert.equal(fields.status_code, 422);
+	assert.equal(fields.status, 'refused', 'status is a state string, never the problem’s number');
+	assert.equal(fields.http_status, 422);
 	assert.equal(fields.detail, problem.detail);
 });
 
 test('a 409 without a problem document uses its status as the error (lease_lost)', () => {
-	const fields = protocol.answerFields(answer(409, { status: 'lease_lost', key: 'k' }));
+	const fields = protocol.answerFields(answer(409, { status: 'lease_lost', key: 'k' }), 'complete');
 	assert.equal(fields.error, 'lease_lost');
+	assert.equal(fields.status, 'refused');
+	assert.equal(fields.http_status, 409);
 	assert.equal(protocol.answerFields(answer(404, '')).error, 'http_404');
 });
 
@@ -255,4 +258,29 @@ test('mergeIdem keeps the claim’s key and lease token under later answers', ()
 	// Without a held claim the answer's key is the key.
 	assert.equal(protocol.mergeIdem(undefined, { key: 'src:1' }).key, 'src:1');
 	assert.equal(protocol.mergeIdem('not an object', { key: 'src:1' }).event_key, undefined);
+});
+
+test('refusals: per operation, and never a claim outcome', () => {
+	const reused = answer(422, { error: 'idempotency_key_reused', status: 422 });
+	const busy = answer(409, { status: 'in_progress' });
+	const lost = answer(409, { status: 'lease_lost' });
+	const missing = answer(404, { error: 'key_not_found', status: 404 });
+	for (const to of ['claim', 'complete', 'fail', 'heartbeat', 'getEvent', 'sendEvent']) {
+		assert.equal(protocol.isRefusal(reused, to), true, to);
+		assert.equal(protocol.isRefusal(answer(503, {}), to), false, to);
+		assert.equal(protocol.isRefusal(answer(200, { status: 'x' }), to), to === 'claim', to);
+	}
+	assert.equal(protocol.isRefusal(busy, 'claim'), false);
+	assert.equal(protocol.isRefusal(lost, 'claim'), true);
+	assert.equal(protocol.isRefusal(lost, 'complete'), true);
+	assert.equal(protocol.isRefusal(missing, 'getEvent'), false);
+	assert.equal(protocol.answerFields(missing, 'getEvent').status, 'not_found');
+	assert.equal(protocol.isRefusal(missing, 'complete'), true);
+	assert.equal(protocol.answerFields(answer(202, { status: 'pending' }), 'sendEvent').status, 'pending');
+	assert.equal(protocol.answerFields(answer(200, {}), 'heartbeat').status, 'ok');
+	assert.equal(protocol.answerFields(answer(503, { status: 503, error: 'database_unavailable' })).status, 'unavailable');
+	assert.equal(
+		protocol.refusalMessage(answer(409, { status: 'lease_lost', detail: 'gone' }), 'Complete'),
+		'The gateway refused Complete (HTTP 409 lease_lost): gone',
+	);
 });

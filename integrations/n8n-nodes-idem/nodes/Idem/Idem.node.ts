@@ -24,9 +24,11 @@ import {
 	failRequest,
 	getEventRequest,
 	heartbeatRequest,
+	isRefusal,
 	isUnavailable,
 	jsonParameter,
 	mergeIdem,
+	refusalMessage,
 	sendEventRequest,
 	unavailableMessage,
 	type ClaimRoute,
@@ -362,7 +364,8 @@ export class Idem implements INodeType {
 		const credentials = (await this.getCredentials('idemApi')) as unknown as IdemCredentials;
 		const claiming = operation === 'claim';
 		const outputs: INodeExecutionData[][] = claiming ? CLAIM_ROUTES.map(() => []) : [[]];
-		// Items that fail under Continue On Fail go where nothing acts on them.
+		// Items that fail under Continue On Fail go where nothing acts on them (n8n's
+		// "Continue (using error output)" then moves them to the error output).
 		const errorOutput = claiming ? CLAIM_ROUTES.indexOf('refused') : 0;
 
 		for (let index = 0; index < items.length; index++) {
@@ -370,19 +373,37 @@ export class Idem implements INodeType {
 				if (claiming) {
 					const { route, fields } = await claim(this, credentials, index);
 					outputs[CLAIM_ROUTES.indexOf(route)].push(withIdem(items[index], fields, index));
-				} else {
-					const request = buildRequest(this, operation, credentials, index);
-					const answer = await send(this, request, index);
-					const merged = mergeIdem(items[index].json.idem, answerFields(answer), leaseOf(this, operation, index));
-					outputs[0].push(withIdem(items[index], merged, index));
+					continue;
 				}
+				const request = buildRequest(this, operation, credentials, index);
+				const answer = await send(this, request, index);
+				const merged = mergeIdem(items[index].json.idem, answerFields(answer, operation), leaseOf(this, operation, index));
+				if (!isRefusal(answer, operation)) {
+					outputs[0].push(withIdem(items[index], merged, index));
+					continue;
+				}
+				// A refusal is never a success: it fails the execution, or takes n8n's error output.
+				const refused = new NodeApiError(this.getNode(), merged as JsonObject, {
+					message: refusalMessage(answer, OPERATION_NAMES[operation]),
+					httpCode: String(answer.statusCode),
+					itemIndex: index,
+				});
+				if (!this.continueOnFail()) throw refused;
+				outputs[0].push(failedItem(items[index], merged, refused, index));
 			} catch (error) {
 				const failure =
 					error instanceof IdemInputError
 						? new NodeOperationError(this.getNode(), error.message, { itemIndex: index })
-						: error;
+						: (error as NodeApiError | NodeOperationError);
 				if (this.continueOnFail()) {
-					outputs[errorOutput].push({ json: { error: (failure as Error).message }, pairedItem: { item: index } });
+					const fields: JsonMap = {
+						status: failure instanceof NodeApiError ? 'unavailable' : 'error',
+						error: failure instanceof NodeApiError ? 'gateway_unavailable' : 'invalid_parameter',
+					};
+					const httpStatus = Number((failure as NodeApiError).httpCode);
+					if (Number.isInteger(httpStatus) && httpStatus > 0) fields.http_status = httpStatus;
+					const merged = mergeIdem(items[index].json.idem, fields, leaseOf(this, operation, index));
+					outputs[errorOutput].push(failedItem(items[index], merged, failure, index));
 					continue;
 				}
 				throw failure;
@@ -390,6 +411,33 @@ export class Idem implements INodeType {
 		}
 		return outputs;
 	}
+}
+
+const OPERATION_NAMES: Record<Operation, string> = {
+	claim: 'Claim',
+	complete: 'Complete',
+	fail: 'Fail',
+	heartbeat: 'Heartbeat',
+	getEvent: 'Get Event',
+	sendEvent: 'Send Event',
+};
+
+/**
+ * An item that failed under On Error → Continue: it keeps its data and `idem` (key and lease
+ * token included), says why in `error`, and carries the error itself, which is how n8n's
+ * "Continue (using error output)" recognises it and moves it to the error output.
+ */
+function failedItem(
+	item: INodeExecutionData,
+	fields: JsonMap,
+	error: NodeApiError | NodeOperationError,
+	index: number,
+): INodeExecutionData {
+	return {
+		json: { ...item.json, idem: fields as IDataObject, error: error.message },
+		error,
+		pairedItem: { item: index },
+	};
 }
 
 /** The item goes on with the gateway's answer under `idem` (the lease token travels there). */
@@ -403,6 +451,7 @@ function leaseOf(
 	operation: Operation,
 	index: number,
 ): { key?: string; leaseToken?: string } | undefined {
+	if (operation === 'claim') return { key: String(context.getNodeParameter('key', index, '') ?? '') };
 	if (operation !== 'complete' && operation !== 'fail' && operation !== 'heartbeat') return undefined;
 	return {
 		key: String(context.getNodeParameter('key', index, '') ?? ''),
@@ -440,7 +489,7 @@ async function claim(
 		route = claimRoute(answer);
 		rounds++;
 	}
-	const fields: JsonMap = { key, ...answerFields(answer), outcome: route };
+	const fields: JsonMap = { key, ...answerFields(answer, 'claim'), outcome: route };
 	if (rounds) fields.busy_rounds = rounds;
 	return { route, fields };
 }

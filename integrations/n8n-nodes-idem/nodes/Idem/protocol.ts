@@ -10,8 +10,9 @@
  *                 nothing, or the request is safe to repeat: a claim is idempotent by its key,
  *                 a complete or fail by its lease token)
  *   refused       another 4xx or a 409 that is not a claim outcome (`lease_lost`,
- *                 `not_a_claim_key`, `idempotency_key_reused`, `unauthorized` ...): the item
- *                 goes on with `idem.error` set to the gateway's code
+ *                 `not_a_claim_key`, `idempotency_key_reused`, `unauthorized` ...): a claim
+ *                 goes to its Refused output, any other operation throws (n8n's error output
+ *                 or a failed execution); `idem.status` is `refused`, `idem.error` the code
  *   answered      2xx, and for a claim the 200/201/409 outcomes routed below
  */
 
@@ -319,14 +320,32 @@ export function isUnavailable(statusCode: number): boolean {
 	return statusCode === 408 || statusCode === 429 || statusCode >= 500;
 }
 
+/** What an answer was to, where that changes its meaning. */
+export type AnswerTo = 'claim' | 'complete' | 'fail' | 'heartbeat' | 'getEvent' | 'sendEvent';
+
 /**
- * What the item carries under `idem`: the gateway's answer, its HTTP status, whether it was a
- * replay, Retry-After when given, and `error` (the problem's code, else the answer's status,
- * else `http_<code>`) when it was not a success.
+ * The gateway said no: an answer that is neither a success nor an outcome (`lease_lost`,
+ * `not_a_claim_key`, `idempotency_key_reused`, `unauthorized`, `invalid_signature` ...). A
+ * claim's busy and dead 409s are outcomes (its own outputs), and so is Get Event's 404 (no
+ * such key). Unavailable answers (408, 429, 5xx) are not refusals: nothing was concluded.
  */
-export function answerFields(answer: GatewayAnswer): JsonMap {
+export function isRefusal(answer: GatewayAnswer, to: AnswerTo): boolean {
+	if (isUnavailable(answer.statusCode)) return false;
+	if (to === 'claim') return claimRoute(answer) === 'refused';
+	if (answer.statusCode < 300) return false;
+	return !(to === 'getEvent' && answer.statusCode === 404);
+}
+
+/**
+ * What the item carries under `idem`: the gateway's answer; `status`, always a state string
+ * (the gateway's own, e.g. `claimed`, `succeeded`, `in_progress`, `pending`; `refused` for a
+ * refusal; `not_found` for Get Event's 404); `http_status`, the HTTP code; `replayed` when the
+ * answer was a replay; `retry_after` when given; and `error` (the problem's code, else the
+ * answer's status, else `http_<code>`) when it was not a success.
+ */
+export function answerFields(answer: GatewayAnswer, to: AnswerTo = 'claim'): JsonMap {
 	const body = parseBody(answer.body);
-	const fields: JsonMap = { ...body, status_code: answer.statusCode };
+	const fields: JsonMap = { ...body, http_status: answer.statusCode };
 	if (header(answer.headers, 'idempotent-replayed') === 'true') fields.replayed = true;
 	const retryAfter = Number(header(answer.headers, 'retry-after'));
 	if (Number.isFinite(retryAfter) && retryAfter > 0) fields.retry_after = retryAfter;
@@ -334,7 +353,23 @@ export function answerFields(answer: GatewayAnswer): JsonMap {
 		const code = typeof body.error === 'string' ? body.error : typeof body.status === 'string' ? body.status : null;
 		fields.error = code ?? `http_${answer.statusCode}`;
 	}
+	if (isUnavailable(answer.statusCode)) {
+		fields.status = 'unavailable';
+	} else if (answer.statusCode === 404 && to === 'getEvent') {
+		fields.status = 'not_found';
+	} else if (isRefusal(answer, to)) {
+		fields.status = 'refused';
+	} else {
+		fields.status = typeof body.status === 'string' ? body.status : 'ok';
+	}
 	return fields;
+}
+
+/** One line for a refusal, for the error n8n shows. */
+export function refusalMessage(answer: GatewayAnswer, operation: string): string {
+	const fields = answerFields(answer, 'complete');
+	const detail = typeof fields.detail === 'string' ? `: ${fields.detail}` : '';
+	return `The gateway refused ${operation} (HTTP ${answer.statusCode} ${String(fields.error)})${detail}`;
 }
 
 /** Members of one answer that say nothing about the next one: not carried over. */
