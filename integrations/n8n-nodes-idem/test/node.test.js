@@ -358,3 +358,23 @@ test('Get Event and Send Event after a claim keep the claim’s key and lease to
 	assert.equal(idem.event_key, 's:t:1');
 	assert.equal(idem.outcome, undefined, 'the claim’s routing is not carried onto a later answer');
 });
+
+test('Send Event after a Webhook node: a redelivery with other headers sends the same payload and body', async () => {
+	const set = { source: 'webform', eventType: 'crm.lead.created', externalId: 'evt-1', idempotencyKey: 'webform:evt-1' };
+	const webhookItem = (headers) => ({
+		json: { headers, params: {}, query: {}, body: { id: 'evt-1', data: { email: 'ada@example.com' } }, webhookUrl: 'http://n8n/webhook/x', executionMode: 'production' },
+	});
+	const first = await step('sendEvent', set, [webhookItem({ 'x-signature': 't=1,v1=aa', authorization: 'Bearer secret' })], [
+		[202, { key: 'webform:evt-1', status: 'pending', duplicate: false }],
+	]);
+	const again = await step('sendEvent', set, [webhookItem({ 'x-signature': 't=2,v1=bb', 'x-delivery': '2' })], [
+		[200, { key: 'webform:evt-1', status: 'succeeded', duplicate: true }],
+	]);
+	const sent = JSON.parse(first.requests[0].body);
+	assert.deepEqual(sent.payload, { id: 'evt-1', data: { email: 'ada@example.com' } });
+	assert.equal(JSON.stringify(sent).includes('secret'), false, 'no header reaches the gateway');
+	const resent = JSON.parse(again.requests[0].body);
+	assert.deepEqual(resent.payload, sent.payload);
+	assert.equal(again.outputs[0][0].json.idem.status, 'succeeded');
+	assert.equal(again.outputs[0][0].json.idem.duplicate, true);
+});

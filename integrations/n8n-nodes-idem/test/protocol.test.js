@@ -284,3 +284,17 @@ test('refusals: per operation, and never a claim outcome', () => {
 		'The gateway refused Complete (HTTP 409 lease_lost): gone',
 	);
 });
+
+test('Send Event’s default payload is a Webhook item’s body, never its headers', () => {
+	const body = { id: 'evt-1', data: { email: 'ada@example.com' } };
+	const first = { headers: { 'x-signature': 't=1,v1=aa', authorization: 'Bearer a' }, params: {}, query: {}, body, webhookUrl: 'u' };
+	const redelivery = { ...first, headers: { 'x-signature': 't=9,v1=bb', 'x-delivery-attempt': '2' } };
+	assert.deepEqual(protocol.defaultEventPayload(first), body);
+	assert.deepEqual(protocol.defaultEventPayload(redelivery), protocol.defaultEventPayload(first));
+	// Any other item is the payload, without an earlier Idem node's `idem`.
+	assert.deepEqual(protocol.defaultEventPayload({ email: 'a', idem: { lease_token: 't' } }), { email: 'a' });
+	// `body` alone is an ordinary field.
+	assert.deepEqual(protocol.defaultEventPayload({ body: 'text' }), { body: 'text' });
+	assert.throws(() => protocol.defaultEventPayload({ body: 'raw', headers: {} }), /body is not a JSON object/);
+	assert.throws(() => protocol.defaultEventPayload([1]), protocol.IdemInputError);
+});

@@ -20,6 +20,7 @@ import {
 	claimRequest,
 	claimRoute,
 	completeRequest,
+	defaultEventPayload,
 	envelopeFromFields,
 	failRequest,
 	getEventRequest,
@@ -34,6 +35,7 @@ import {
 	type ClaimRoute,
 	type Effect,
 	type GatewayAnswer,
+	type Json,
 	type GatewayRequest,
 	type IdemCredentials,
 	type JsonMap,
@@ -309,8 +311,9 @@ export class Idem implements INodeType {
 				displayName: 'Event Payload',
 				name: 'eventPayload',
 				type: 'json',
-				default: '={{ $json }}',
-				description: 'A JSON object, passed to the route’s action',
+				default: '',
+				description:
+					'A JSON object, passed to the route’s action. Empty: the webhook’s body when the item comes from a Webhook node (never its headers), else the incoming item.',
 				displayOptions: { show: { operation: ['sendEvent'], envelope: ['fields'] } },
 			},
 			{
@@ -534,7 +537,7 @@ function buildRequest(
 							source: parameter('source') as string,
 							eventType: parameter('eventType') as string,
 							externalId: parameter('externalId') as string,
-							payload: jsonParameter(parameter('eventPayload', '{}'), 'Event Payload'),
+							payload: eventPayload(parameter('eventPayload', ''), context.getInputData()[index].json),
 							version: parameter('version', '') as string,
 							correlationId: options(context, index).correlationId,
 							workflow: context.getWorkflow().name,
@@ -547,6 +550,12 @@ function buildRequest(
 			);
 		}
 	}
+}
+
+/** Event Payload as set, else the default from the incoming item (see defaultEventPayload). */
+function eventPayload(value: unknown, itemJson: unknown): Json | undefined {
+	const blank = value === undefined || value === null || (typeof value === 'string' && value.trim() === '');
+	return blank ? defaultEventPayload(itemJson) : jsonParameter(value, 'Event Payload');
 }
 
 /**

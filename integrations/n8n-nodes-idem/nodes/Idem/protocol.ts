@@ -255,6 +255,26 @@ export function sendEventRequest(
 	return { method: 'POST', url: `${base(credentials)}/v1/events`, headers, body };
 }
 
+/**
+ * Send Event's payload when Event Payload is left empty: the webhook's body when the item
+ * comes from a Webhook node (it has `body` and `headers`), never its headers, which carry
+ * provider signatures and `Authorization` and change on every redelivery (the same key with
+ * another payload is refused). Any other item is the payload itself, without the `idem` an
+ * earlier Idem node put there (its lease token differs on every run).
+ */
+export function defaultEventPayload(itemJson: unknown): Json {
+	if (!isMap(itemJson)) throw new IdemInputError('The incoming item is not a JSON object; set Event Payload');
+	if ('body' in itemJson && isMap(itemJson.headers)) {
+		if (!isMap(itemJson.body)) {
+			throw new IdemInputError("The webhook's body is not a JSON object; set Event Payload");
+		}
+		return itemJson.body;
+	}
+	const payload: JsonMap = { ...itemJson };
+	delete payload.idem;
+	return payload;
+}
+
 /** The envelope from the node's fields; empty optional members are left out. */
 export function envelopeFromFields(fields: {
 	source: string;
