@@ -378,3 +378,19 @@ test('Send Event after a Webhook node: a redelivery with other headers sends the
 	assert.equal(again.outputs[0][0].json.idem.status, 'succeeded');
 	assert.equal(again.outputs[0][0].json.idem.duplicate, true);
 });
+
+test('Busy with the default settings answers within 6 s even when Retry-After is the whole lease', async () => {
+	const busy = [409, { status: 'in_progress', retry_after: 55 }, { 'retry-after': '55' }];
+	const started = Date.now();
+	// Parameters the workflow leaves at their defaults come from the node's description.
+	const { outputs, requests } = await step('claim', { key: CLAIM.key, payload: '{}' }, [{ json: {} }], [busy, busy, busy]);
+	const seconds = (Date.now() - started) / 1000;
+	assert.equal(outputs[3].length, 1, 'Busy');
+	assert.equal(requests.length, 3, 'the first claim and two rounds');
+	assert.ok(seconds >= 3.9 && seconds < 6, `answered after ${seconds} s`);
+	assert.equal(outputs[3][0].json.idem.busy_rounds, 2);
+	const properties = new Idem().description.properties;
+	const rounds = properties.find((p) => p.name === 'maxRounds').default;
+	const cap = properties.find((p) => p.name === 'maxWaitSeconds').default;
+	assert.ok(rounds * cap <= 6, `${rounds} rounds of ${cap} s`);
+});

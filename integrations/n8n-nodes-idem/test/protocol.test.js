@@ -298,3 +298,11 @@ test('Send Event’s default payload is a Webhook item’s body, never its heade
 	assert.throws(() => protocol.defaultEventPayload({ body: 'raw', headers: {} }), /body is not a JSON object/);
 	assert.throws(() => protocol.defaultEventPayload([1]), protocol.IdemInputError);
 });
+
+test('busy defaults: a smaller Retry-After is honoured, a lease-long one is cut to 2 s', () => {
+	const busy = (retryAfter) => answer(409, { status: 'in_progress' }, { 'retry-after': String(retryAfter) });
+	const cap = protocol.BUSY_DEFAULT_MAX_WAIT_SECONDS;
+	assert.equal(protocol.busyWaitSeconds(busy(60), cap), 2);
+	assert.equal(protocol.busyWaitSeconds(busy(1), cap), 1);
+	assert.ok(protocol.BUSY_DEFAULT_ROUNDS * cap <= 6);
+});

@@ -12,6 +12,8 @@ import {
 } from 'n8n-workflow';
 
 import {
+	BUSY_DEFAULT_MAX_WAIT_SECONDS,
+	BUSY_DEFAULT_ROUNDS,
 	CLAIM_OUTPUT_NAMES,
 	CLAIM_ROUTES,
 	IdemInputError,
@@ -183,8 +185,9 @@ export class Idem implements INodeType {
 				name: 'maxRounds',
 				type: 'number',
 				typeOptions: { minValue: 1, maxValue: 20 },
-				default: 5,
-				description: 'Claims to retry while busy, at most',
+				default: BUSY_DEFAULT_ROUNDS,
+				description:
+					'Claims to retry while busy, at most. With the defaults (2 rounds of 2 s) a duplicate is answered within about 5 s, inside a provider’s webhook timeout.',
 				displayOptions: { show: { operation: ['claim'], waitWhileBusy: [true] } },
 			},
 			{
@@ -192,8 +195,9 @@ export class Idem implements INodeType {
 				name: 'maxWaitSeconds',
 				type: 'number',
 				typeOptions: { minValue: 1, maxValue: 300 },
-				default: 30,
-				description: 'Upper bound of one wait; Retry-After is honoured below it',
+				default: BUSY_DEFAULT_MAX_WAIT_SECONDS,
+				description:
+					'Upper bound of one wait; a smaller Retry-After is honoured. The gateway’s Retry-After on a busy key is the lease’s remaining time, not an estimate of the run.',
 				displayOptions: { show: { operation: ['claim'], waitWhileBusy: [true] } },
 			},
 
@@ -480,8 +484,8 @@ async function claim(
 		correlationId: options(context, index).correlationId,
 	});
 	const waitWhileBusy = context.getNodeParameter('waitWhileBusy', index, true) as boolean;
-	const maxRounds = waitWhileBusy ? (context.getNodeParameter('maxRounds', index, 5) as number) : 0;
-	const maxWait = context.getNodeParameter('maxWaitSeconds', index, 30) as number;
+	const maxRounds = waitWhileBusy ? (context.getNodeParameter('maxRounds', index, BUSY_DEFAULT_ROUNDS) as number) : 0;
+	const maxWait = context.getNodeParameter('maxWaitSeconds', index, BUSY_DEFAULT_MAX_WAIT_SECONDS) as number;
 
 	let answer = await send(context, request, index);
 	let route = claimRoute(answer);

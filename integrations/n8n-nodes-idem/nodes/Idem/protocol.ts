@@ -473,6 +473,15 @@ export function claimRoute(answer: GatewayAnswer): ClaimRoute {
 export const BUSY_WAIT_DEFAULT_SECONDS = 2;
 
 /**
+ * Claim's Busy defaults: 2 rounds of at most 2 s (a smaller Retry-After honoured), so a
+ * duplicate waits at most 4 s plus three short claims before it leaves on Done or Busy, inside
+ * the ~5-10 s webhook timeout of many providers. The gateway's busy Retry-After is the live
+ * lease's remaining time (up to Lease Seconds), not an estimate of the run, so it only caps.
+ */
+export const BUSY_DEFAULT_ROUNDS = 2;
+export const BUSY_DEFAULT_MAX_WAIT_SECONDS = 2;
+
+/**
  * Seconds to wait before claiming again while busy: the gateway's Retry-After (the live
  * lease's remaining time), at least 1 s, at most `capSeconds` so a long lease does not hold
  * the execution for minutes.
