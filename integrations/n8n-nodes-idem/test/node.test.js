@@ -394,3 +394,29 @@ test('Busy with the default settings answers within 6 s even when Retry-After is
 	const cap = properties.find((p) => p.name === 'maxWaitSeconds').default;
 	assert.ok(rounds * cap <= 6, `${rounds} rounds of ${cap} s`);
 });
+
+test('the credential test looks up a made-up key with the claims token: 404 passes, 401/403/429 fail', () => {
+	const { test: check } = new IdemApi();
+	const { request, rules } = check;
+	assert.equal(request.method, 'GET');
+	assert.match(request.url, /^\/v1\/events\/[\w-]+$/);
+	assert.notEqual(request.url, '/healthz');
+	assert.equal(request.ignoreHttpStatusErrors, true, 'a 404 must not fail the test');
+	const expression = (value, credentials) => new Function('$credentials', `return (${value.slice(3, -2)})`)(credentials);
+	assert.equal(expression(request.headers.Authorization, { claimsToken: 'abc' }), 'Bearer abc');
+	assert.equal(expression(request.headers.Authorization, { claimsToken: '' }), '');
+	assert.equal(expression(request.baseURL, { baseUrl: 'http://idem:8000//' }), 'http://idem:8000');
+	// n8n's credential tester: with every status answered, a responseSuccessBody rule whose key
+	// holds its value fails the test with the rule's message; otherwise "Connection successful".
+	const verdict = (body) => {
+		for (const rule of rules) {
+			if (rule.type === 'responseSuccessBody' && body[rule.properties.key] === rule.properties.value) return rule.properties.message;
+		}
+		return 'OK';
+	};
+	const problem = (status, error) => ({ type: `urn:idem:error:${error}`, status, error });
+	assert.equal(verdict(problem(404, 'key_not_found')), 'OK');
+	assert.match(verdict(problem(401, 'unauthorized')), /401/);
+	assert.match(verdict(problem(403, 'claims_forbidden')), /403/);
+	assert.match(verdict(problem(429, 'too_many_failures')), /429/);
+});
