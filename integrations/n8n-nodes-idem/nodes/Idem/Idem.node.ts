@@ -144,6 +144,14 @@ export class Idem implements INodeType {
 
 			// ---------------------------------------------------------------- Claim
 			{
+				displayName:
+					'Connect every output you use, or answer the caller with Respond to Webhook nodes. Behind a Webhook set to "When Last Node Finishes", an execution that ends on an output with nothing connected is answered 500 "No item to return was found" by n8n, and the sender delivers again.',
+				name: 'claimOutputsNotice',
+				type: 'notice',
+				default: '',
+				displayOptions: show('claim'),
+			},
+			{
 				displayName: 'Key',
 				name: 'key',
 				type: 'string',
