@@ -334,6 +334,19 @@ backoff_base_seconds = 0.2
 backoff_cap_seconds = 2
 
 [[routes]]
+match = "n8n.*"
+name = "n8n"
+kind = "n8n"
+action = "http"
+url = "{downstream_url}/tasks"
+external_ref_pointer = "/id"
+read_timeout_seconds = 1
+connect_timeout_seconds = 1
+backoff_base_seconds = 0.2
+backoff_cap_seconds = 1
+max_attempts = 2
+
+[[routes]]
 match = "odd.result"
 name = "odd-result"
 action = "python"

@@ -73,6 +73,12 @@ class Route(BaseModel):
     match: Annotated[str, Field(min_length=1)]
     name: str = ""
     action: Literal["noop", "http", "python"]
+    # What answers the route's requests: `n8n` reads n8n's own answers (worker/errors.py): a
+    # 404 "webhook is not registered" is transient for `n8n_unregistered_grace_seconds` after
+    # the key's first failure (n8n answers so while a workflow is being re-published and while
+    # it starts: five minutes covers both), then permanent.
+    kind: Literal["generic", "n8n"] = "generic"
+    n8n_unregistered_grace_seconds: float = Field(default=300.0, gt=0, le=86_400)
     # Keys live 30 days by default: longer than any provider's redelivery window we know of.
     ttl_days: float = Field(default=30, gt=0)
     # External ids keep their case (Stripe ids are case-sensitive); e-mail routes may fold it.
@@ -171,6 +177,8 @@ class Route(BaseModel):
                 raise ValueError('`external_ref_pointer` is a JSON pointer such as "/id"')
         if self.reconcile_url is not None and self.action != "http":
             raise ValueError("`reconcile_url` belongs to an http route")
+        if self.kind == "n8n" and self.action != "http":
+            raise ValueError('`kind = "n8n"` belongs to an http route')
         if self.all_signing_secrets and self.action != "http":
             raise ValueError("`signing_secret` belongs to an http route")
         for secret in self.all_signing_secrets:

@@ -25,7 +25,7 @@ from outbox.core import standard_webhooks
 from outbox.core.jsonbody import resolve_pointer
 from outbox.core.routes import Route
 from worker.actions import ActionContext, ActionResult
-from worker.errors import RequestInvalid, TransientError, error_for_response
+from worker.errors import ActionError, RequestInvalid, TransientError, error_for_response
 
 # A stored result is returned to every later duplicate; large bodies are not worth keeping.
 MAX_STORED_BODY_BYTES = 65_536
@@ -63,7 +63,7 @@ def run(route: Route, ctx: ActionContext) -> ActionResult:
         ),
     )
     response = client().send(_signed(route, ctx, request))
-    error = error_for_response(response)
+    error = _error(route, response)
     if error is not None:
         raise error
     body = _json_body(response)
@@ -96,7 +96,7 @@ def reconcile(route: Route, ctx: ActionContext) -> ActionResult | None:
     response = client().send(_signed(route, ctx, request))
     if response.status_code == 404:
         return None
-    error = error_for_response(response)
+    error = _error(route, response)
     if error is not None:
         raise error
     body = _json_body(response)
@@ -130,6 +130,12 @@ def _signed(
         keys, ctx.key, timestamp, request.content
     )
     return request
+
+
+def _error(route: Route, response: httpx.Response) -> ActionError | None:
+    return error_for_response(
+        response, kind=route.kind, n8n_grace_seconds=route.n8n_unregistered_grace_seconds
+    )
 
 
 def _timeout(route: Route) -> httpx.Timeout:
