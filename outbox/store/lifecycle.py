@@ -177,7 +177,10 @@ KEY_STATE: TextClause = text(
               (CAST(:payload_hash AS text) IS NOT NULL AND payload_hash <> :payload_hash)
                   AS payload_differs,
               locked_until > now() AS lease_live,
-              GREATEST(0, CEIL(EXTRACT(EPOCH FROM locked_until - now()))) AS lease_remaining
+              GREATEST(0, CEIL(EXTRACT(EPOCH FROM locked_until - now()))) AS lease_remaining,
+              -- How long the holder has held it: the claim sets updated_at, renewals do not.
+              CASE WHEN status = 'processing'
+                   THEN GREATEST(0, EXTRACT(EPOCH FROM now() - updated_at)) END AS held_seconds
     """
 )
 
