@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -122,6 +123,8 @@ class Downstream:
     refs: dict[str, str] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
     lookups: list[str] = field(default_factory=list)
+    # Every GET as received: path, headers and raw body (a signature covers these bytes).
+    lookup_requests: list[dict[str, Any]] = field(default_factory=list)
     behaviour: Callable[[str, int], Reply] | None = None
     # `lookup_failure(key, lookup_number)`: a status to answer a lookup with instead (a 503).
     lookup_failure: Callable[[str, int], int | None] | None = None
@@ -136,6 +139,7 @@ class Downstream:
             self.refs.clear()
             self.requests.clear()
             self.lookups.clear()
+            self.lookup_requests.clear()
             self.behaviour = None
             self.lookup_failure = None
             self.peak_in_flight = self.in_flight
@@ -190,6 +194,11 @@ class Downstream:
                     self._post()
 
             def _get(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+                with downstream.lock:
+                    downstream.lookup_requests.append(
+                        {"path": self.path, "headers": dict(self.headers), "raw": raw}
+                    )
                 # Any collection prefix: `/tasks/by-key/{key}`, `/api/tasks/by-key/{key}`.
                 _, found, rest = self.path.partition("/tasks/by-key/")
                 if not found:
@@ -211,7 +220,8 @@ class Downstream:
 
             def _post(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
-                body = json.loads(self.rfile.read(length) or b"null")
+                raw = self.rfile.read(length)
+                body = json.loads(raw or b"null")
                 key = self.headers.get("idempotency-key", "")
                 with downstream.lock:
                     seen = sum(1 for r in downstream.requests if r["key"] == key)
@@ -219,6 +229,8 @@ class Downstream:
                         {
                             "key": key,
                             "body": body,
+                            # The bytes as received, for checking a signature over them.
+                            "raw": raw,
                             "headers": dict(self.headers),
                             "at": time.monotonic(),
                         }
@@ -249,6 +261,11 @@ class Downstream:
         self.port = server.server_address[1]
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return server
+
+
+# The `signed` route's two secrets (a rotation): the Standard Webhooks example's, and another.
+SIGNING_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+SIGNING_SECRET_NEXT = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 
 
 def write_routes(path: Path, downstream_url: str) -> Path:
@@ -302,6 +319,32 @@ external_ref_pointer = "/id"
 reconcile_url = "{downstream_url}/tasks/by-key/{{key}}"
 read_timeout_seconds = 3
 connect_timeout_seconds = 1
+
+[[routes]]
+match = "signed.*"
+name = "signed"
+action = "http"
+url = "{downstream_url}/tasks"
+external_ref_pointer = "/id"
+reconcile_url = "{downstream_url}/tasks/by-key/{{key}}"
+signing_secrets = ["{SIGNING_SECRET}", "{SIGNING_SECRET_NEXT}"]
+read_timeout_seconds = 1
+connect_timeout_seconds = 1
+backoff_base_seconds = 0.2
+backoff_cap_seconds = 2
+
+[[routes]]
+match = "n8n.*"
+name = "n8n"
+kind = "n8n"
+action = "http"
+url = "{downstream_url}/tasks"
+external_ref_pointer = "/id"
+read_timeout_seconds = 1
+connect_timeout_seconds = 1
+backoff_base_seconds = 0.2
+backoff_cap_seconds = 1
+max_attempts = 2
 
 [[routes]]
 match = "odd.result"

@@ -40,55 +40,25 @@ from outbox.core import contract, keys
 from outbox.core.logs import get_logger
 from outbox.core.routes import Route, RouteTable
 from worker.actions import ActionContext, ActionResult, get_action, get_reconciler
-from worker.backoff import next_delay
 from worker.errors import Failure, classify
 from worker.guard import Admitted, Held, RouteGuard
 from worker.instruments import ACTION_SECONDS, ATTEMPTS, RECONCILED
 from worker.lease import Heartbeat
+from worker.outcomes import (
+    DeadLetter,
+    Deferred,
+    LeaseGivenUp,
+    Outcome,
+    RetryLater,
+    Succeeded,
+    after_failure,
+)
 from worker.store import Blocked, Claim, Failed, KeyStore
 
 log = get_logger(__name__)
 
 # An action's time limit when its route sets none, in leases (see Route.timeout_seconds).
 DEFAULT_TIMEOUT_LEASES = 3
-
-
-@dataclass(frozen=True)
-class Succeeded:
-    result: ActionResult
-
-
-@dataclass(frozen=True)
-class RetryLater:
-    failure: Failure
-    delay: float
-    reconciled_absent: bool = False
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    failure: Failure
-    kind: str
-    reconciled_absent: bool = False
-
-
-@dataclass(frozen=True)
-class LeaseGivenUp:
-    """The lease was lost or could not be proven: nothing may be recorded."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class Deferred:
-    """The route could not take the key now: given back unspent, to come back later."""
-
-    reason: str
-    delay: float
-    detail: str
-
-
-Outcome = Succeeded | RetryLater | DeadLetter | LeaseGivenUp | Deferred
 
 
 def run_attempt(
@@ -318,14 +288,14 @@ def _act(
                     None,
                     True,
                 )
-                return _after_failure(route, claim, failure, run.reconciled_absent, rng)
+                return after_failure(route, claim, failure, run.reconciled_absent, rng)
             if time.monotonic() >= heartbeat.valid_until:
                 heartbeat.give_up("lease_expired_unconfirmed")
     # The action ended: record what it did under the fence, which refuses a lost lease's write.
     if run.result is not None:
         return Succeeded(run.result)
     assert run.error is not None
-    return _after_failure(route, claim, classify(run.error), run.reconciled_absent, rng)
+    return after_failure(route, claim, classify(run.error), run.reconciled_absent, rng)
 
 
 def _start(run: _Run, route: Route, ctx: ActionContext, claim: Claim) -> None:
@@ -356,30 +326,6 @@ def _start(run: _Run, route: Route, ctx: ActionContext, claim: Claim) -> None:
     run.thread.start()
 
 
-def _after_failure(
-    route: Route, claim: Claim, failure: Failure, reconciled_absent: bool, rng: random.Random
-) -> Outcome:
-    """Retry later within the budget and deadline, or dead-letter."""
-    if not failure.transient:
-        return DeadLetter(failure, "permanent", reconciled_absent)
-    if claim.attempt >= route.max_attempts:
-        return DeadLetter(failure, "retries_exhausted", reconciled_absent)
-    delay = next_delay(
-        claim.attempt,
-        failure.retry_after,
-        base=route.backoff_base_seconds,
-        cap=route.backoff_cap_seconds,
-        rng=rng,
-    )
-    # The deadline runs from the first failure, on the database's clock. A retry (or a
-    # server's Retry-After) that would land past it ends the key now rather than later.
-    budget_started = claim.first_failed_at or claim.claimed_at
-    spent = (claim.claimed_at - budget_started).total_seconds()
-    if spent + delay > route.retry_deadline_seconds:
-        return DeadLetter(failure, "retries_exhausted", reconciled_absent)
-    return RetryLater(failure, delay, reconciled_absent)
-
-
 def _failed(failure: Failure, reconciled_absent: bool) -> Failed:
     return Failed(failure.error_code, failure.detail, failure.uncertain, reconciled_absent)
 
@@ -392,8 +338,10 @@ def _record(store: KeyStore, claim: Claim, outcome: Outcome) -> bool:
             return store.schedule_retry(claim, delay, _failed(failure, absent))
         case DeadLetter(failure, kind, absent):
             return store.fail_final(claim, kind, _failed(failure, absent))
-        case Deferred(reason, delay, detail):
-            return store.defer(claim, delay, reason, detail) is not None
+        case Deferred(reason, delay, detail, starts_budget):
+            return (
+                store.defer(claim, delay, reason, detail, starts_budget=starts_budget) is not None
+            )
         case LeaseGivenUp():
             return False
         case _:

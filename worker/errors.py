@@ -2,7 +2,10 @@
 
     Exception raised by an action or its HTTP client
      ├── ActionError                    (raised on purpose by actions)
-     │    ├── TransientError            retry later (optionally not before `retry_after`)
+     │    ├── TransientError            retry later (optionally not before `retry_after`, and
+     │    │                             only within `window_seconds` of the first failure)
+     │    ├── InProgress                the downstream is already running this key: wait
+     │    │                             `retry_after` and ask again, spending no attempt
      │    └── PermanentError            retrying cannot help: dead letter now
      │         └── RequestInvalid       the request could not be built here (a header that
      │                                  is not ASCII, a body that is not JSON): nothing sent
@@ -13,7 +16,18 @@
                                         attempt budget bounds it)
 
 `classify` is the one boundary where foreign errors become a `Failure`; task code never looks
-at a status code or an exception type.
+at a status code or an exception type. `error_for_response` reads an HTTP answer, knowing the
+route's kind of downstream:
+
+    any route   409 {"idem": "in_progress", "retry_after": N}: the Idem Trigger node (docs/n8n.md,
+                "The trigger's answers") has this key's execution running: `in_progress`, a
+                wait (`Failure.wait`) that spends no attempt and is never told to the breaker
+    kind n8n    404 whose JSON `message` says the webhook "is not registered" (n8n answers so
+                while a workflow is being published and while it starts): transient
+                `n8n_webhook_not_registered`, not uncertain (nothing ran), for
+                `n8n_unregistered_grace_seconds` after the key's first failure; past that,
+                permanent. Told to the breaker like any transient failure: a re-publish fails
+                every key at once, and a short open circuit spares n8n while it comes back
 
 Each failure also says whether the effect may exist (`uncertain`): the request may have reached
 the downstream and done its work although no success came back. Uncertain:
@@ -38,6 +52,8 @@ hears of those; a downstream that never saw the request cannot be judged by it.
 from __future__ import annotations
 
 import email.utils
+import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,6 +63,15 @@ import httpx
 TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 # Answers that refuse the request before any work: the downstream says it did nothing.
 REFUSED_STATUS = frozenset({408, 425, 429, 503})
+N8N_NOT_REGISTERED = "n8n_webhook_not_registered"
+IN_PROGRESS = "in_progress"
+# An "in progress" answer without a usable retry_after: ask again in five seconds, a few
+# rounds within a provider's webhook timeout; never sooner than a second, so a trigger that
+# answers 0 is not asked in a tight loop.
+IN_PROGRESS_DEFAULT_SECONDS = 5.0
+IN_PROGRESS_MIN_SECONDS = 1.0
+# Bodies larger than this are not read for n8n's or the trigger's answers (both are tiny).
+_MAX_ANSWER_BYTES = 4096
 
 
 class ActionError(Exception):
@@ -70,8 +95,20 @@ class TransientError(ActionError):
         *,
         retry_after: float | None = None,
         uncertain: bool = False,
+        window_seconds: float | None = None,
     ) -> None:
         super().__init__(error_code, detail, uncertain=uncertain)
+        self.retry_after = retry_after
+        # Transient only this long after the key's first failure; past it, permanent.
+        self.window_seconds = window_seconds
+
+
+class InProgress(ActionError):
+    """The downstream runs this key already and asks to be asked again after `retry_after`
+    seconds: a wait, not a failure (no attempt spent, nothing told to the breaker)."""
+
+    def __init__(self, retry_after: float, detail: str = "") -> None:
+        super().__init__(IN_PROGRESS, detail or "the downstream is running this key")
         self.retry_after = retry_after
 
 
@@ -98,11 +135,17 @@ class Failure:
     uncertain: bool = False
     # Raised on our side before anything reached the downstream: the key's own failure.
     local: bool = False
+    # Not a failure: the downstream asked to be asked again after `retry_after` (no attempt).
+    wait: bool = False
+    # Transient only this long after the key's first failure; past it, permanent.
+    window_seconds: float | None = None
 
     @property
     def at_downstream(self) -> bool:
         """A transient failure the downstream (or the way to it) caused: what the breaker counts."""
-        return self.transient and not self.local and self.error_code != "lease_lost"
+        return (
+            self.transient and not self.local and not self.wait and self.error_code != "lease_lost"
+        )
 
 
 def classify(error: BaseException) -> Failure:
@@ -111,7 +154,16 @@ def classify(error: BaseException) -> Failure:
         case RequestInvalid():
             return Failure(False, error.error_code, error.detail, local=True)
         case TransientError():
-            return Failure(True, error.error_code, error.detail, error.retry_after, error.uncertain)
+            return Failure(
+                True,
+                error.error_code,
+                error.detail,
+                error.retry_after,
+                error.uncertain,
+                window_seconds=error.window_seconds,
+            )
+        case InProgress():
+            return Failure(True, error.error_code, error.detail, error.retry_after, wait=True)
         case PermanentError():
             return Failure(False, error.error_code, error.detail, None, error.uncertain)
         case httpx.ConnectTimeout():
@@ -144,13 +196,33 @@ def classify(error: BaseException) -> Failure:
 
 
 def error_for_response(
-    response: httpx.Response, now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    response: httpx.Response,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    *,
+    kind: str = "generic",
+    n8n_grace_seconds: float = 300.0,
 ) -> ActionError | None:
-    """The error a non-2xx answer stands for, or None for success."""
+    """The error a non-2xx answer stands for, or None for success. `kind` is the route's kind
+    of downstream (`generic` or `n8n`), `n8n_grace_seconds` its window for n8n's "webhook not
+    registered" (module docstring)."""
     status = response.status_code
     if 200 <= status < 300:
         return None
     code = f"http_{status}"
+    if status == 409:
+        answer = _small_json(response)
+        if isinstance(answer, dict) and answer.get("idem") == IN_PROGRESS:
+            return InProgress(
+                _wait_seconds(answer.get("retry_after"), response, now()),
+                "the Idem Trigger is running this key's execution",
+            )
+    if status == 404 and kind == "n8n" and _n8n_not_registered(_small_json(response)):
+        return TransientError(
+            N8N_NOT_REGISTERED,
+            "n8n answered 404: the workflow's webhook is not registered (being published, "
+            "or n8n is starting)",
+            window_seconds=n8n_grace_seconds,
+        )
     if status in TRANSIENT_STATUS or status >= 500:
         retry_after = parse_retry_after(response.headers.get("retry-after"), now())
         return TransientError(
@@ -160,6 +232,43 @@ def error_for_response(
             uncertain=status not in REFUSED_STATUS,
         )
     return PermanentError(code, f"downstream answered {status}")
+
+
+def _small_json(response: httpx.Response) -> object:
+    """The answer's JSON when it is small enough to be one of the answers read here."""
+    content = response.content
+    if not content or len(content) > _MAX_ANSWER_BYTES:
+        return None
+    try:
+        return json.loads(content)
+    except ValueError:
+        return None
+
+
+def _n8n_not_registered(answer: object) -> bool:
+    """n8n's answer for a webhook path no active workflow listens on:
+    `{"code": 404, "message": "The requested webhook \"POST path\" is not registered.", ...}`."""
+    if not isinstance(answer, dict):
+        return False
+    message = answer.get("message")
+    return (
+        isinstance(message, str)
+        and message.startswith("The requested webhook")
+        and "is not registered" in message
+    )
+
+
+def _wait_seconds(given: object, response: httpx.Response, now: datetime) -> float:
+    """The trigger's `retry_after` (seconds), else the Retry-After header, else the default;
+    never below a second."""
+    seconds: float | None = None
+    if isinstance(given, int | float) and not isinstance(given, bool) and 0 <= given < math.inf:
+        seconds = float(given)
+    else:
+        seconds = parse_retry_after(response.headers.get("retry-after"), now)
+    if seconds is None:
+        seconds = IN_PROGRESS_DEFAULT_SECONDS
+    return max(IN_PROGRESS_MIN_SECONDS, seconds)
 
 
 def parse_retry_after(value: str | None, now: datetime) -> float | None:

@@ -226,10 +226,19 @@ class KeyStore:
         )
         return row is not None
 
-    def defer(self, claim: Claim, delay_seconds: float, error_code: str, detail: str) -> str | None:
+    def defer(
+        self,
+        claim: Claim,
+        delay_seconds: float,
+        error_code: str,
+        detail: str,
+        *,
+        starts_budget: bool = False,
+    ) -> str | None:
         """Give the claim back unspent: the status it now waits in (`pending` when its route
         is paused, else `failed_retryable` with its delivery due later), or None when the fence
-        rejected the write."""
+        rejected the write. `starts_budget`: a wait the downstream asked for, which starts the
+        retry deadline's clock (`first_failed_at`) when nothing else has."""
         row = self.one(
             lifecycle.DEFER,
             {
@@ -241,6 +250,7 @@ class KeyStore:
                 "error_code": error_code,
                 "error_detail": detail[:MAX_DETAIL_CHARS],
                 "task_name": PROCESS_TASK,
+                "starts_budget": starts_budget,
             },
         )
         return None if row is None else str(row["status"])

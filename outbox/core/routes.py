@@ -7,8 +7,6 @@ event no route accepts is refused before anything is stored); the worker runs it
 
 from __future__ import annotations
 
-import base64
-import binascii
 import fnmatch
 import os
 import re
@@ -21,11 +19,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from outbox.core import standard_webhooks
 from outbox.core.keys import normalize_text
 
 DAY = 86_400
@@ -36,7 +36,7 @@ def _is_glob(pattern: str) -> bool:
     return any(ch in pattern for ch in "*?[")
 
 
-STANDARD_PREFIX = "whsec_"
+STANDARD_PREFIX = standard_webhooks.PREFIX
 """A Standard Webhooks secret's prefix; the source checks its secrets decode at load."""
 
 
@@ -45,9 +45,20 @@ def standard_key(secret: str) -> bytes:
 
     Raises ValueError when the rest is not base64, so a mistyped secret fails at start-up."""
     try:
-        return base64.b64decode(secret.removeprefix(STANDARD_PREFIX), validate=True)
-    except binascii.Error as error:
+        return standard_webhooks.decode_secret(secret)
+    except ValueError as error:
         raise ValueError("a `standard` secret is whsec_ followed by base64") from error
+
+
+# Standard Webhooks asks for 24 to 64 random bytes; a shorter key is a typo or a placeholder.
+MIN_SIGNING_KEY_BYTES = 24
+
+
+def _signing_key(secret: str) -> bytes:
+    try:
+        return standard_webhooks.decode_secret(secret)
+    except ValueError as error:
+        raise ValueError("a `signing_secret` is whsec_ followed by base64") from error
 
 
 class RoutesError(Exception):
@@ -62,6 +73,12 @@ class Route(BaseModel):
     match: Annotated[str, Field(min_length=1)]
     name: str = ""
     action: Literal["noop", "http", "python"]
+    # What answers the route's requests: `n8n` reads n8n's own answers (worker/errors.py): a
+    # 404 "webhook is not registered" is transient for `n8n_unregistered_grace_seconds` after
+    # the key's first failure (n8n answers so while a workflow is being re-published and while
+    # it starts: five minutes covers both), then permanent.
+    kind: Literal["generic", "n8n"] = "generic"
+    n8n_unregistered_grace_seconds: float = Field(default=300.0, gt=0, le=86_400)
     # Keys live 30 days by default: longer than any provider's redelivery window we know of.
     ttl_days: float = Field(default=30, gt=0)
     # External ids keep their case (Stripe ids are case-sensitive); e-mail routes may fold it.
@@ -80,6 +97,12 @@ class Route(BaseModel):
     reconcile_url: str | None = None
     # Where the reference is in the reconcile answer; defaults to external_ref_pointer.
     reconcile_external_ref_pointer: str | None = None
+    # Standard Webhooks secrets (`whsec_` + base64, usually "${ENV}"): every request the worker
+    # sends on this route (action and reconcile) is signed with each, so the downstream can
+    # tell the gateway from a stranger. Several during a rotation. Kept as SecretStr: a
+    # route's repr, dump or validation error never shows them.
+    signing_secret: SecretStr | None = None
+    signing_secrets: list[SecretStr] = Field(default_factory=list)
 
     # The hard limit of one attempt's action, whatever the action: past it the attempt is
     # uncertain, its lease is given up and its late result is fenced out. Unset: three leases
@@ -154,11 +177,32 @@ class Route(BaseModel):
                 raise ValueError('`external_ref_pointer` is a JSON pointer such as "/id"')
         if self.reconcile_url is not None and self.action != "http":
             raise ValueError("`reconcile_url` belongs to an http route")
+        if self.kind == "n8n" and self.action != "http":
+            raise ValueError('`kind = "n8n"` belongs to an http route')
+        if self.all_signing_secrets and self.action != "http":
+            raise ValueError("`signing_secret` belongs to an http route")
+        for secret in self.all_signing_secrets:
+            if len(_signing_key(secret)) < MIN_SIGNING_KEY_BYTES:
+                raise ValueError(
+                    f"a `signing_secret` key is {MIN_SIGNING_KEY_BYTES} bytes at least"
+                    " (Standard Webhooks: 24 to 64)"
+                )
         if self.circuit_cooldown_cap_seconds < self.circuit_cooldown_seconds:
             raise ValueError("`circuit_cooldown_cap_seconds` must be >= `circuit_cooldown_seconds`")
         if self.schema_file is not None and not self.schema_file.is_file():
             raise ValueError(f"`schema_file` {self.schema_file} does not exist")
         return self
+
+    @property
+    def all_signing_secrets(self) -> tuple[str, ...]:
+        """The signing secrets in file order, each once (`signing_secret` first)."""
+        given = ([self.signing_secret] if self.signing_secret else []) + self.signing_secrets
+        return tuple(dict.fromkeys(secret.get_secret_value() for secret in given))
+
+    @property
+    def signing_keys(self) -> tuple[bytes, ...]:
+        """The key bytes outbound requests are signed with; empty: requests go unsigned."""
+        return tuple(standard_webhooks.decode_secret(s) for s in self.all_signing_secrets)
 
     @property
     def action_timeout_seconds(self) -> float:

@@ -22,6 +22,7 @@ import base64
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from outbox.core import standard_webhooks
 from outbox.core.problems import Problem
 from outbox.core.routes import standard_key
 from outbox.ingest.signatures import (
@@ -74,13 +75,12 @@ class StandardSigner(ProviderSigner):
         if not message_id or not stamp or not given:
             raise missing("webhook-id", "webhook-timestamp", "webhook-signature")
         timestamp = fresh_timestamp(stamp, "webhook-timestamp", self.tolerance_seconds, now)
-        base = f"{message_id}.{timestamp}.".encode()
         signatures = [
             value.encode()
             for version, _, value in (item.partition(",") for item in given.split())
-            if version == "v1"
+            if version == standard_webhooks.VERSION
         ]
-        expected = (base64.b64encode(hmac_sha256(key, base, body)) for key in self.keys)
+        expected = (standard_webhooks.mac(key, message_id, timestamp, body) for key in self.keys)
         if not signatures or not any_equal(expected, signatures):
             raise _mismatch()
 
@@ -147,8 +147,7 @@ class ShopifySigner(ProviderSigner):
 
 def sign_standard(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
     """A `webhook-signature` value."""
-    mac = hmac_sha256(standard_key(secret), f"{message_id}.{timestamp}.".encode(), body)
-    return "v1," + base64.b64encode(mac).decode()
+    return standard_webhooks.signature_header([standard_key(secret)], message_id, timestamp, body)
 
 
 def sign_stripe(secret: str, timestamp: int, body: bytes) -> str:

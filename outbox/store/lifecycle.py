@@ -177,7 +177,10 @@ KEY_STATE: TextClause = text(
               (CAST(:payload_hash AS text) IS NOT NULL AND payload_hash <> :payload_hash)
                   AS payload_differs,
               locked_until > now() AS lease_live,
-              GREATEST(0, CEIL(EXTRACT(EPOCH FROM locked_until - now()))) AS lease_remaining
+              GREATEST(0, CEIL(EXTRACT(EPOCH FROM locked_until - now()))) AS lease_remaining,
+              -- How long the holder has held it: the claim sets updated_at, renewals do not.
+              CASE WHEN status = 'processing'
+                   THEN GREATEST(0, EXTRACT(EPOCH FROM now() - updated_at)) END AS held_seconds
     """
 )
 
@@ -266,6 +269,8 @@ DEFER: TextClause = text(
     -- (resuming queues it); any other waits as failed_retryable with its outbox row due after
     -- :delay_seconds. The route row is read FOR SHARE, so a concurrent resume either finds this
     -- key pending or this statement finds the route resumed: no key is left without a way on.
+    -- A wait the downstream asked for (:starts_budget: "in progress, ask again") starts the
+    -- key's retry deadline like a failure would, so such waits end within the deadline.
     WITH route AS (
         SELECT paused FROM route_state WHERE route = :route FOR SHARE
     ), held AS (
@@ -280,6 +285,8 @@ DEFER: TextClause = text(
                lease_token = NULL, lease_owner = NULL, locked_until = NULL,
                next_attempt_at = CASE WHEN held.paused THEN NULL
                                       ELSE now() + make_interval(secs => :delay_seconds) END,
+               first_failed_at = CASE WHEN :starts_budget THEN COALESCE(k.first_failed_at, now())
+                                      ELSE k.first_failed_at END,
                updated_at = now()
           FROM held
          WHERE k.idempotency_key = :key AND k.fence = :fence AND k.lease_token = :token

@@ -2,22 +2,30 @@
 
 2xx is success; the external reference is read from the JSON answer by the route's pointer.
 Any other answer or transport error becomes an ActionError or is left to the classifier.
+
+On a route with `signing_secret` every request (the action's and the reconcile lookup's) is
+signed as Standard Webhooks ask (`outbox.core.standard_webhooks`): `webhook-id` is the key, the
+same on every attempt, so the downstream can deduplicate by it; `webhook-timestamp` is the send
+time, new on every attempt; `webhook-signature` covers exactly the bytes sent, since the
+request is built first and its built body is what is signed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
+from outbox.core import standard_webhooks
 from outbox.core.jsonbody import resolve_pointer
 from outbox.core.routes import Route
 from worker.actions import ActionContext, ActionResult
-from worker.errors import RequestInvalid, TransientError, error_for_response
+from worker.errors import ActionError, RequestInvalid, TransientError, error_for_response
 
 # A stored result is returned to every later duplicate; large bodies are not worth keeping.
 MAX_STORED_BODY_BYTES = 65_536
@@ -54,8 +62,8 @@ def run(route: Route, ctx: ActionContext) -> ActionResult:
             timeout=_timeout(route),
         ),
     )
-    response = client().send(request)
-    error = error_for_response(response)
+    response = client().send(_signed(route, ctx, request))
+    error = _error(route, response)
     if error is not None:
         raise error
     body = _json_body(response)
@@ -85,10 +93,10 @@ def reconcile(route: Route, ctx: ActionContext) -> ActionResult | None:
             "GET", url, headers=_headers(route, ctx), timeout=_timeout(route)
         ),
     )
-    response = client().send(request)
+    response = client().send(_signed(route, ctx, request))
     if response.status_code == 404:
         return None
-    error = error_for_response(response)
+    error = _error(route, response)
     if error is not None:
         raise error
     body = _json_body(response)
@@ -106,6 +114,28 @@ def reconcile(route: Route, ctx: ActionContext) -> ActionResult | None:
 
 def _headers(route: Route, ctx: ActionContext) -> dict[str, str]:
     return {**route.headers, "Idempotency-Key": ctx.key, "X-Correlation-ID": ctx.correlation_id}
+
+
+def _signed(
+    route: Route, ctx: ActionContext, request: httpx.Request, now: float | None = None
+) -> httpx.Request:
+    """The built request with the route's Standard Webhooks headers over its exact body."""
+    keys = route.signing_keys
+    if not keys:
+        return request
+    timestamp = int(time.time() if now is None else now)
+    request.headers["webhook-id"] = ctx.key
+    request.headers["webhook-timestamp"] = str(timestamp)
+    request.headers["webhook-signature"] = standard_webhooks.signature_header(
+        keys, ctx.key, timestamp, request.content
+    )
+    return request
+
+
+def _error(route: Route, response: httpx.Response) -> ActionError | None:
+    return error_for_response(
+        response, kind=route.kind, n8n_grace_seconds=route.n8n_unregistered_grace_seconds
+    )
 
 
 def _timeout(route: Route) -> httpx.Timeout:

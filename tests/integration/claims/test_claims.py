@@ -166,3 +166,24 @@ def test_bad_claim_requests_are_4xx(stack: Stack) -> None:
             assert answer.status_code == 422, (body, answer.text)
         bad_fail = client.post("/v1/claims/k/fail", json={"lease_token": "t"})
         assert bad_fail.status_code == 422
+
+
+def test_busy_retry_after_estimates_the_run_from_how_long_it_has_been_held(stack: Stack) -> None:
+    """A key held 10 s (by the database's clock) under a 120 s lease is answered with
+    Retry-After 10 or 11 s, not the lease's remainder; one held longer than its lease has
+    left is answered with that remainder; a fresh hold with at least 1 s."""
+    claim(stack, "estimate", lease_seconds=120)
+    fresh = int(claim(stack, "estimate").headers["retry-after"])
+    assert 1 <= fresh < 110
+    query(
+        stack.database_url,
+        "UPDATE idempotency_keys SET updated_at = now() - interval '10 seconds'"
+        " WHERE idempotency_key = 'estimate'",
+    )
+    assert int(claim(stack, "estimate").headers["retry-after"]) in (10, 11)
+    query(
+        stack.database_url,
+        "UPDATE idempotency_keys SET updated_at = now() - interval '1000 seconds',"
+        " locked_until = now() + interval '30 seconds' WHERE idempotency_key = 'estimate'",
+    )
+    assert int(claim(stack, "estimate").headers["retry-after"]) in (29, 30)

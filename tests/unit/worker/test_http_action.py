@@ -3,8 +3,14 @@ permanent failure, raised before any connection is opened."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import json
+import os
 import socket
 
+import httpx
 import pytest
 
 from outbox.core.routes import Route
@@ -54,3 +60,62 @@ def test_a_header_that_cannot_be_sent_is_the_keys_permanent_failure(correlation_
             True,
         ), raised.value
         assert isinstance(raised.value, RequestInvalid)
+
+
+# --- signed requests ---------------------------------------------------------------------------
+
+SIGNING_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+def _verify(secret: str, headers: httpx.Headers, body: bytes) -> bool:
+    """An independent Standard Webhooks check: HMAC-SHA256 over `id.timestamp.body` with the
+    secret's base64-decoded key, against any `v1,` entry of the header."""
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + body
+    expected = "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    return any(hmac.compare_digest(expected, e) for e in headers["webhook-signature"].split())
+
+
+def _recording_client(
+    monkeypatch: pytest.MonkeyPatch, seen: list[httpx.Request], status: int
+) -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(status, json={"id": "task-1"})
+
+    monkeypatch.setattr(http, "_client", httpx.Client(transport=httpx.MockTransport(answer)))
+    monkeypatch.setattr(http, "_client_pid", os.getpid())
+
+
+def test_a_signing_route_signs_the_exact_bytes_of_action_and_reconcile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With `signing_secret` the POST and the reconcile GET carry webhook-id (the key),
+    webhook-timestamp and a signature that an independent check accepts over the bytes sent."""
+    seen: list[httpx.Request] = []
+    _recording_client(monkeypatch, seen, 200)
+    route = Route(
+        match="crm.*",
+        action="http",
+        url="http://crm.test/tasks",
+        reconcile_url="http://crm.test/tasks/{key}",
+        signing_secret=SIGNING_SECRET,
+    )
+    http.run(route, _context("corr-1"))
+    http.reconcile(route, _context("corr-1"))
+    assert [r.method for r in seen] == ["POST", "GET"]
+    for request in seen:
+        assert request.headers["webhook-id"] == "crm:lead:1"
+        assert request.headers["idempotency-key"] == "crm:lead:1"
+        assert request.headers["webhook-timestamp"].isdigit()
+        assert _verify(SIGNING_SECRET, request.headers, request.content), request
+    assert json.loads(seen[0].content) == {"name": "Ada"}
+    assert not _verify(SIGNING_SECRET, seen[0].headers, seen[0].content + b" ")
+
+
+def test_a_route_without_a_secret_sends_no_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a signing secret no webhook-* header is sent."""
+    seen: list[httpx.Request] = []
+    _recording_client(monkeypatch, seen, 200)
+    http.run(Route(match="crm.*", action="http", url="http://crm.test/tasks"), _context("c"))
+    assert not [name for name in seen[0].headers if name.startswith("webhook-")]

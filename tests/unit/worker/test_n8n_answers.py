@@ -1,0 +1,158 @@
+"""Unit tests for n8n's answers: "webhook not registered" is transient for a bounded window on an
+n8n route, and the Idem Trigger's "in progress" is a wait that spends no attempt."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from outbox.core.routes import Route
+from worker.attempt import _told
+from worker.errors import classify, error_for_response
+from worker.outcomes import DeadLetter, Deferred, RetryLater, after_failure
+from worker.store import Claim
+
+REQUEST = httpx.Request("POST", "http://n8n.test/webhook/crm")
+NOT_REGISTERED = {
+    "code": 404,
+    "message": 'The requested webhook "POST crm" is not registered.',
+    "hint": "Click the 'Execute workflow' button on the canvas, then try again.",
+}
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _answer(status: int, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
+    return httpx.Response(status, json=body, headers=headers, request=REQUEST)
+
+
+def _route(**settings: Any) -> Route:
+    return Route(match="crm.*", action="http", url="http://n8n.test/webhook/crm", **settings)
+
+
+def _claim(attempt: int = 1, spent: float | None = None) -> Claim:
+    """A claim `spent` seconds after the key's first failure (None: it never failed)."""
+    return Claim(
+        key="k",
+        fence=1,
+        token="t",
+        attempt=attempt,
+        correlation_id="c",
+        route="crm",
+        source="s",
+        event_type="crm.lead",
+        external_id="1",
+        version=None,
+        payload={},
+        locked_until=T0 + timedelta(seconds=30),
+        claimed_at=T0,
+        first_failed_at=None if spent is None else T0 - timedelta(seconds=spent),
+        previous_status="pending",
+        previous_error_code=None,
+        uncertain=False,
+    )
+
+
+def _failure(response: httpx.Response, route: Route) -> Any:
+    error = error_for_response(
+        response, kind=route.kind, n8n_grace_seconds=route.n8n_unregistered_grace_seconds
+    )
+    assert error is not None
+    return classify(error)
+
+
+def test_not_registered_is_transient_and_certain_on_an_n8n_route_only() -> None:
+    """n8n's 404 "not registered" is a transient, not uncertain `n8n_webhook_not_registered`
+    with the route's window on an n8n route, and a plain permanent 404 on a generic one."""
+    n8n = _route(kind="n8n", n8n_unregistered_grace_seconds=120)
+    failure = _failure(_answer(404, NOT_REGISTERED), n8n)
+    assert (failure.transient, failure.uncertain, failure.error_code) == (
+        True,
+        False,
+        "n8n_webhook_not_registered",
+    )
+    assert failure.window_seconds == 120
+    assert failure.at_downstream
+    generic = _failure(_answer(404, NOT_REGISTERED), _route())
+    assert (generic.transient, generic.error_code) == (False, "http_404")
+    other_404 = _failure(_answer(404, {"message": "Not found"}), n8n)
+    assert (other_404.transient, other_404.error_code) == (False, "http_404")
+
+
+def test_not_registered_retries_within_the_window_and_ends_permanent_past_it() -> None:
+    """Inside the window the key retries no later than the window's end; at or past it the
+    key is dead-lettered as permanent."""
+    route = _route(kind="n8n", n8n_unregistered_grace_seconds=60, backoff_cap_seconds=300)
+    failure = _failure(_answer(404, NOT_REGISTERED), route)
+    rng = random.Random(7)
+    inside = after_failure(route, _claim(attempt=6, spent=50), failure, False, rng)
+    assert isinstance(inside, RetryLater)
+    assert inside.delay <= 10
+    past = after_failure(route, _claim(attempt=7, spent=60), failure, False, rng)
+    assert isinstance(past, DeadLetter)
+    assert (past.kind, past.failure.transient) == ("permanent", False)
+    told = _told(past)
+    assert told is not None
+    assert told.failure is None  # told as an answer: n8n did answer
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "expected"),
+    [
+        ({"idem": "in_progress", "retry_after": 7}, {}, 7.0),
+        ({"idem": "in_progress"}, {"Retry-After": "3"}, 3.0),
+        ({"idem": "in_progress"}, {}, 5.0),
+        ({"idem": "in_progress", "retry_after": 0}, {}, 1.0),
+        ({"idem": "in_progress", "retry_after": "soon"}, {}, 5.0),
+    ],
+)
+def test_in_progress_is_a_wait_of_the_triggers_asking(
+    body: dict[str, Any], headers: dict[str, str], expected: float
+) -> None:
+    """A 409 `{"idem": "in_progress"}` on any route is a wait of its `retry_after` (else the
+    Retry-After header, else five seconds; a second at least) that the breaker never counts."""
+    failure = _failure(_answer(409, body, headers), _route())
+    assert (failure.wait, failure.error_code) == (True, "in_progress")
+    assert failure.retry_after == expected
+    assert not failure.at_downstream
+
+
+def test_a_plain_409_stays_a_permanent_refusal() -> None:
+    """A 409 without the trigger's body is the permanent refusal it always was."""
+    failure = _failure(_answer(409, {"error": "conflict"}), _route(kind="n8n"))
+    assert (failure.transient, failure.wait, failure.error_code) == (False, False, "http_409")
+
+
+def test_in_progress_defers_unspent_and_ends_at_the_retry_deadline() -> None:
+    """An in-progress answer gives the key back unspent for retry_after (capped by the
+    backoff cap), starting the deadline; a wait past the deadline dead-letters the key, and
+    neither is told to the breaker."""
+    route = _route(retry_deadline_seconds=100, backoff_cap_seconds=30, max_attempts=1)
+    failure = _failure(_answer(409, {"idem": "in_progress", "retry_after": 60}), route)
+    rng = random.Random(7)
+    waiting = after_failure(route, _claim(attempt=1), failure, False, rng)
+    assert waiting == Deferred("in_progress", 30, failure.detail, starts_budget=True)
+    assert _told(waiting) is None
+    ended = after_failure(route, _claim(attempt=1, spent=90), failure, False, rng)
+    assert isinstance(ended, DeadLetter)
+    assert ended.kind == "retries_exhausted"
+    assert _told(ended) is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"kind": "n8n", "action": "noop"}, "belongs to an http route"),
+        ({"kind": "zapier"}, "generic"),
+        ({"n8n_unregistered_grace_seconds": 0}, "greater than 0"),
+    ],
+)
+def test_bad_n8n_settings_are_refused(settings: dict[str, Any], message: str) -> None:
+    """A kind other than generic or n8n, n8n on a non-http route, or a window of zero is a
+    validation error that says so."""
+    fields: dict[str, Any] = {"match": "crm.*", "action": "http", "url": "http://n8n.test"}
+    with pytest.raises(ValueError, match=message):
+        Route(**{**fields, **settings})

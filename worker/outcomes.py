@@ -1,0 +1,93 @@
+"""The closed set of outcomes an attempt ends in, and how a classified failure becomes one:
+retry later within the key's budget and deadline, wait unspent when the downstream runs the key
+already, or dead-letter. Pure decisions on the claim, the route and the failure; recording them
+is `worker.attempt`'s."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+
+from outbox.core.routes import Route
+from worker.actions import ActionResult
+from worker.backoff import next_delay
+from worker.errors import Failure
+from worker.store import Claim
+
+
+@dataclass(frozen=True)
+class Succeeded:
+    result: ActionResult
+
+
+@dataclass(frozen=True)
+class RetryLater:
+    failure: Failure
+    delay: float
+    reconciled_absent: bool = False
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    failure: Failure
+    kind: str
+    reconciled_absent: bool = False
+
+
+@dataclass(frozen=True)
+class LeaseGivenUp:
+    """The lease was lost or could not be proven: nothing may be recorded."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """The route could not take the key now, or the downstream is running it already: given
+    back unspent, to come back later."""
+
+    reason: str
+    delay: float
+    detail: str
+    # A wait the downstream asked for: it starts the retry deadline (so waits end within it).
+    starts_budget: bool = False
+
+
+Outcome = Succeeded | RetryLater | DeadLetter | LeaseGivenUp | Deferred
+
+
+def after_failure(
+    route: Route, claim: Claim, failure: Failure, reconciled_absent: bool, rng: random.Random
+) -> Outcome:
+    """Retry later within the budget and deadline, wait (spending nothing) when the downstream
+    runs the key already, or dead-letter."""
+    # The deadline runs from the first failure, on the database's clock. A retry (or a
+    # server's Retry-After) that would land past it ends the key now rather than later.
+    budget_started = claim.first_failed_at or claim.claimed_at
+    spent = (claim.claimed_at - budget_started).total_seconds()
+    if failure.wait:
+        # Not a failure: the attempt is returned, so only the deadline bounds the waits.
+        wait = min(failure.retry_after or 0.0, route.backoff_cap_seconds)
+        if spent + wait > route.retry_deadline_seconds:
+            return DeadLetter(failure, "retries_exhausted", reconciled_absent)
+        return Deferred(failure.error_code, wait, failure.detail, starts_budget=True)
+    if failure.window_seconds is not None and spent >= failure.window_seconds:
+        detail = f"{failure.detail}; still so {spent:.0f} s after the first failure"
+        return DeadLetter(replace(failure, transient=False, detail=detail), "permanent")
+    if not failure.transient:
+        return DeadLetter(failure, "permanent", reconciled_absent)
+    if claim.attempt >= route.max_attempts:
+        return DeadLetter(failure, "retries_exhausted", reconciled_absent)
+    delay = next_delay(
+        claim.attempt,
+        failure.retry_after,
+        base=route.backoff_base_seconds,
+        cap=route.backoff_cap_seconds,
+        rng=rng,
+    )
+    if failure.window_seconds is not None:
+        # The last try lands at the window's end, not past it.
+        delay = min(delay, failure.window_seconds - spent)
+    if spent + delay > route.retry_deadline_seconds:
+        return DeadLetter(failure, "retries_exhausted", reconciled_absent)
+    return RetryLater(failure, delay, reconciled_absent)
