@@ -736,6 +736,8 @@ def test_send_event_workflow_sends_the_webhook_body() -> None:
     assert params["operation"] == "sendEvent"
     assert "eventPayload" not in params and "envelope" not in params
     assert params["externalId"] == "={{ $json.body.id }}"
+    # As in 01: the source and the provider's event id, so 01 and 06 land on one key.
+    assert params["idempotencyKey"] == "=webform:{{ $json.body.id }}"
     assert set(send["credentials"]) == {"idemApi"}
     assert send.get("retryOnFail") is True and send.get("onError") == "continueErrorOutput"
     assert targets(workflow, "Webhook", 0) == [send["name"]]
