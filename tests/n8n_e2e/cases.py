@@ -17,14 +17,21 @@ from functools import partial
 from typing import Any
 
 import httpx
+import psycopg
 
 from tests.n8n_e2e.world import SOURCE, World
-from tests.support import CLAIMS_TOKEN, Reply, wait_until
+from tests.support import CLAIMS_TOKEN, Reply, libpq, wait_until
 
 POST_EVENT_PATH = "idem-events"
 CLAIM_PATH = "idem-crm-follow-up"
 # 04: the same story with the Idem node (n8n-nodes-idem) in place of HTTP Request + IF nodes.
 NODE_PATH = "idem-crm-follow-up-node"
+# 05: the node's Claim -> Heartbeat -> Complete with the default key, lease token and Busy settings.
+HEARTBEAT_PATH = "idem-crm-heartbeat-node"
+# 06: Webhook -> the node's Send Event with its default payload (the webhook's body).
+SEND_EVENT_PATH = "idem-events-node"
+# What a provider's duplicate may wait for an answer while the first run is busy (issue 24).
+DUPLICATE_ANSWER_SECONDS = 6.0
 # A request to n8n waits for the whole workflow, Retry On Fail waits included (3 tries, 2 s).
 PROVIDER_TIMEOUT_SECONDS = 90.0
 
@@ -66,12 +73,14 @@ def _event(kind: str) -> dict[str, Any]:
     }
 
 
-def deliver(world: World, path: str, event: dict[str, Any]) -> httpx.Response:
-    """One delivery of the provider's webhook, with its raw JSON body."""
+def deliver(
+    world: World, path: str, event: dict[str, Any], headers: dict[str, str] | None = None
+) -> httpx.Response:
+    """One delivery of the provider's webhook, with its raw JSON body (and extra `headers`)."""
     return httpx.post(
         world.webhook(path),
         content=json.dumps(event),
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json", **(headers or {})},
         timeout=PROVIDER_TIMEOUT_SECONDS,
     )
 
@@ -361,6 +370,115 @@ def agent_lost_answer(world: World, outcome: Outcome) -> None:
     outcome.tasks = tasks(world, lead)
 
 
+# ------------------------------------------------------------------ 05: heartbeat, Busy defaults
+
+
+def _claim_key(event: dict[str, Any]) -> str:
+    """The key 04 and 05 claim (their Config's CLAIM_KEY)."""
+    return f"n8n:crm-follow-up:{event['id']}"
+
+
+def node_heartbeat_defaults(world: World, outcome: Outcome) -> None:
+    """Claim -> Heartbeat -> Complete, Heartbeat and Complete with their default key and lease
+    token: the claim's key and lease token survive Heartbeat, so Complete records the task."""
+    event = _event("hb-first")
+    first = deliver(world, HEARTBEAT_PATH, event)
+    body = _body(first)
+    outcome.check(
+        first.status_code == 200 and isinstance(body, dict) and body.get("status") == "succeeded",
+        f"first delivery -> {_answer(first)}",
+    )
+    status = world.key_status(_claim_key(event))
+    outcome.check(status == "succeeded", f"gateway key {status}")
+    again = deliver(world, HEARTBEAT_PATH, event)
+    body = _body(again)
+    outcome.check(
+        again.status_code == 200
+        and isinstance(body, dict)
+        and body.get("status") == "already_succeeded"
+        and again.headers.get("idempotent-replayed") == "true",
+        f"redelivery -> {_answer(again)}",
+    )
+    outcome.tasks = tasks(world, event["id"])
+
+
+def _crm_saw(world: World, marker: str) -> bool:
+    with world.crm.lock:
+        return any(marker in r["key"] for r in world.crm.requests)
+
+
+def node_duplicate_during_slow_run(world: World, outcome: Outcome) -> None:
+    """A duplicate arrives while the first run's CRM call takes 5 s; Claim's default Busy wait
+    (2 rounds of at most 2 s) answers it within DUPLICATE_ANSWER_SECONDS."""
+    event = _event("hb-busy")
+    slow_first_answer(world, event["id"], seconds=5)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        running = pool.submit(deliver, world, HEARTBEAT_PATH, event)
+        # The second delivery starts once the first run holds the claim and is in the CRM call.
+        wait_until(lambda: _crm_saw(world, event["id"]), timeout=30)
+        started = time.monotonic()
+        duplicate = deliver(world, HEARTBEAT_PATH, event)
+        took = time.monotonic() - started
+        first = running.result()
+    outcome.check(
+        took <= DUPLICATE_ANSWER_SECONDS and duplicate.status_code in (200, 503),
+        f"duplicate -> {_answer(duplicate)} Retry-After={duplicate.headers.get('retry-after')}"
+        f" in {took:.1f} s (at most {DUPLICATE_ANSWER_SECONDS:.0f} s)",
+    )
+    outcome.check(first.status_code == 200, f"first delivery -> {_answer(first)}")
+    again = deliver(world, HEARTBEAT_PATH, event)
+    body = _body(again)
+    outcome.check(
+        again.status_code == 200
+        and isinstance(body, dict)
+        and body.get("status") == "already_succeeded",
+        f"redelivery after the run -> {_answer(again)}",
+    )
+    outcome.tasks = tasks(world, event["id"])
+
+
+# ------------------------------------------------------------------ 06: Send Event
+
+
+def node_send_event_changing_headers(world: World, outcome: Outcome) -> None:
+    """The provider delivers one body twice with other delivery headers (request id, signature):
+    Send Event's default payload is the body, so the second is a duplicate, not a refusal."""
+    event = _event("se-headers")
+    answers = []
+    for attempt in (1, 2):
+        headers = {
+            "x-request-id": uuid.uuid4().hex,
+            "x-provider-signature": f"t={int(time.time())},v1={uuid.uuid4().hex}",
+            "x-delivery-attempt": str(attempt),
+        }
+        answers.append(deliver(world, SEND_EVENT_PATH, event, headers))
+    first, again = answers
+    body = _body(first)
+    outcome.check(
+        first.status_code == 200 and isinstance(body, dict) and body.get("duplicate") is False,
+        f"first delivery -> {_answer(first)}",
+    )
+    body = _body(again)
+    outcome.check(
+        again.status_code == 200 and isinstance(body, dict) and body.get("duplicate") is True,
+        f"redelivery, other headers -> {_answer(again)}",
+    )
+    outcome.check("idempotency_key_reused" not in again.text, "no idempotency_key_reused refusal")
+    outcome.check(_wait_succeeded(world, _gateway_key(event)), "gateway key succeeded")
+    with psycopg.connect(libpq(world.stack.database_url), autocommit=True) as conn:
+        payloads = [
+            row[0]
+            for row in conn.execute(
+                "SELECT payload FROM events WHERE external_id = %s", (event["id"],)
+            ).fetchall()
+        ]
+    outcome.check(len(payloads) == 1, f"{len(payloads)} gateway event(s)")
+    outcome.check(
+        payloads[:1] == [event], "its payload is the provider's body (no delivery headers)"
+    )
+    outcome.tasks = tasks(world, event["id"])
+
+
 CASES = [
     Case("01 gateway: first delivery + redelivery", gateway_first_and_redelivery),
     Case("01 gateway: two deliveries at once", gateway_at_once),
@@ -383,6 +501,14 @@ CASES = [
         "04 node: crashed earlier run", partial(claims_crashed_run, path=NODE_PATH), uncertain=True
     ),
     Case("04 node: gateway down, then redelivered", partial(claims_gateway_down, path=NODE_PATH)),
+    Case("05 node: Claim → Heartbeat → Complete with defaults", node_heartbeat_defaults),
+    Case(
+        "05 node: a duplicate during a 5 s run answers within 6 s", node_duplicate_during_slow_run
+    ),
+    Case(
+        "06 node: Send Event after a Webhook with changing delivery headers",
+        node_send_event_changing_headers,
+    ),
 ]
 
 

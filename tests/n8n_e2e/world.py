@@ -185,7 +185,12 @@ def world(binary: Path, keep: bool = False) -> Iterator[World]:
                         "id": IDEM_NODE_CREDENTIAL,
                         "name": "Idem API",
                         "type": "idemApi",
-                        "data": {"baseUrl": values["IDEM_URL"], "claimsToken": CLAIMS_TOKEN},
+                        "data": {
+                            "baseUrl": values["IDEM_URL"],
+                            "claimsToken": CLAIMS_TOKEN,
+                            # 06 sends events as the source `webform`, which is signed.
+                            "signingSecret": SIGNING_SECRET,
+                        },
                     },
                     {
                         "id": MODEL_CREDENTIAL,

@@ -24,7 +24,13 @@ AGENT_TOOL = "03-agent-tool.json"
 WORKFLOWS = [POST_EVENT, CLAIM, AGENT_TOOL]
 # The CRM follow-up with the Idem node (integrations/n8n-nodes-idem) instead of HTTP Request nodes.
 NODE_CLAIM = "04-claim-with-idem-node.json"
-EVERY_WORKFLOW = [*WORKFLOWS, NODE_CLAIM]
+# 04 with a Heartbeat, every lease field and Busy setting left at the node's defaults.
+NODE_HEARTBEAT = "05-heartbeat-with-idem-node.json"
+# 01 with the node's Send Event, its payload left at the default (the webhook's body).
+NODE_SEND_EVENT = "06-send-event-with-idem-node.json"
+NODE_CLAIMS = [NODE_CLAIM, NODE_HEARTBEAT]
+NODE_WORKFLOWS = [*NODE_CLAIMS, NODE_SEND_EVENT]
+EVERY_WORKFLOW = [*WORKFLOWS, *NODE_WORKFLOWS]
 IDEM_NODE = "n8n-nodes-idem.idem"
 IDEM_NODE_SOURCE = ROOT / "integrations" / "n8n-nodes-idem" / "nodes" / "Idem" / "Idem.node.ts"
 
@@ -614,21 +620,23 @@ def test_node_workflow_uses_the_idem_node_for_every_gateway_call() -> None:
     }
 
 
-def test_idem_nodes_use_parameters_the_node_declares() -> None:
-    """Every parameter 04 sets on an Idem node exists in the node's description."""
+@pytest.mark.parametrize("name", NODE_WORKFLOWS)
+def test_idem_nodes_use_parameters_the_node_declares(name: str) -> None:
+    """Every parameter an example sets on an Idem node exists in the node's description."""
     declared = idem_parameter_names()
     assert {"operation", "key", "leaseToken", "payload", "effect", "retryable"} <= declared
-    for node in idem_nodes(load(NODE_CLAIM)):
+    for node in idem_nodes(load(name)):
         assert set(node["parameters"]) <= declared, (
             node["name"],
             set(node["parameters"]) - declared,
         )
 
 
-def test_idem_nodes_take_the_credential_and_retry_transport_errors() -> None:
+@pytest.mark.parametrize("name", NODE_CLAIMS)
+def test_idem_nodes_take_the_credential_and_retry_transport_errors(name: str) -> None:
     """Idem nodes use the Idem API credential, Retry On Fail, and answer 503 + Retry-After from
     their error output when the gateway stays unreachable."""
-    workflow = load(NODE_CLAIM)
+    workflow = load(name)
     named = by_name(workflow)
     for node in idem_nodes(workflow):
         assert set(node["credentials"]) == {"idemApi"}, node["name"]
@@ -689,6 +697,62 @@ def test_node_defaults_read_the_item() -> None:
     source = IDEM_NODE_SOURCE.read_text(encoding="utf-8")
     assert "default: '={{ $json.idem.key }}'" in source
     assert "default: '={{ $json.idem.lease_token }}'" in source
+
+
+def test_heartbeat_workflow_chains_claim_heartbeat_complete_with_defaults() -> None:
+    """05: Act and Look First go through Heartbeat; Heartbeat, Complete and Fail keep the default
+    key and lease token, Claim the default Busy settings; the Set nodes carry Heartbeat's
+    `idem` (the merged answer, lease token included) past the CRM calls."""
+    workflow = load(NODE_HEARTBEAT)
+    named = by_name(workflow)
+    operations = {node["name"]: node["parameters"]["operation"] for node in idem_nodes(workflow)}
+    assert operations == {
+        "Idem: claim": "claim",
+        "Idem: heartbeat": "heartbeat",
+        "Idem: complete": "complete",
+        "Idem: fail": "fail",
+    }
+    assert gateway_requests(workflow) == []
+    claim = named["Idem: claim"]["parameters"]
+    assert not {"waitWhileBusy", "maxRounds", "maxWaitSeconds"} & set(claim)
+    for name in ("Idem: heartbeat", "Idem: complete", "Idem: fail"):
+        assert not {"key", "leaseToken"} & set(named[name]["parameters"]), name
+    assert targets(workflow, "Idem: claim", 0) == ["Idem: heartbeat"]
+    assert targets(workflow, "Idem: claim", 1) == ["Idem: heartbeat"]
+    assert targets(workflow, "Idem: heartbeat", 0) == ["CRM: find task"]
+    for name in ("Task reference", "Classify CRM error"):
+        assert assignment(named[name], "idem") == "={{ $('Idem: heartbeat').item.json.idem }}"
+    assert targets(workflow, "Task reference", 0) == ["Idem: complete"]
+
+
+def test_send_event_workflow_sends_the_webhook_body() -> None:
+    """06: Send Event with an empty Event Payload (the webhook's body, never its headers), the
+    provider's id as External ID; a refusal is answered with its status, an unreachable
+    gateway 503 + Retry-After."""
+    workflow = load(NODE_SEND_EVENT)
+    named = by_name(workflow)
+    (send,) = idem_nodes(workflow)
+    params = send["parameters"]
+    assert params["operation"] == "sendEvent"
+    assert "eventPayload" not in params and "envelope" not in params
+    assert params["externalId"] == "={{ $json.body.id }}"
+    # As in 01: the source and the provider's event id, so 01 and 06 land on one key.
+    assert params["idempotencyKey"] == "=webform:{{ $json.body.id }}"
+    assert set(send["credentials"]) == {"idemApi"}
+    assert send.get("retryOnFail") is True and send.get("onError") == "continueErrorOutput"
+    assert targets(workflow, "Webhook", 0) == [send["name"]]
+    (accepted,) = targets(workflow, send["name"], 0)
+    assert "duplicate" in named[accepted]["parameters"]["responseBody"]
+    (check,) = targets(workflow, send["name"], 1)
+    assert conditions(named[check])[0]["leftValue"] == "={{ $json.idem.status }}"
+    (refused,) = targets(workflow, check, 0)
+    assert (
+        named[refused]["parameters"]["options"]["responseCode"] == "={{ $json.idem.http_status }}"
+    )
+    (unreachable,) = targets(workflow, check, 1)
+    options = named[unreachable]["parameters"]["options"]
+    assert options["responseCode"] == 503
+    assert "Retry-After" in {h["name"] for h in options["responseHeaders"]["entries"]}
 
 
 def test_webhook_paths_are_unique_across_examples() -> None:
