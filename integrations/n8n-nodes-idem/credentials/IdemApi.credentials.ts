@@ -51,6 +51,16 @@ export class IdemApi implements ICredentialType {
 			description:
 				"The source's secret from the gateway's WEBHOOK_SECRETS: Send Event signs its requests with it (X-Idem-Signature v2). Leave empty for unsigned sources.",
 		},
+		{
+			displayName: 'Delivery Signing Secret',
+			name: 'deliverySigningSecret',
+			type: 'string',
+			typeOptions: { password: true },
+			default: '',
+			placeholder: 'whsec_…',
+			description:
+				"The signing_secret of the gateway route that calls an Idem Trigger (Standard Webhooks, whsec_…; several separated by spaces during a rotation). The trigger refuses deliveries it does not verify.",
+		},
 	];
 
 	// The claims token against an endpoint that requires it and changes nothing: the look-up

@@ -274,13 +274,13 @@ test('the outputs expression gives Claim six named outputs and every other opera
 	}
 });
 
-test('the credential is Idem API with base URL, claims token, operator token and signing secret', () => {
+test('the credential is Idem API with base URL, claims token, operator token and the two signing secrets', () => {
 	const credential = new IdemApi();
 	assert.equal(credential.name, 'idemApi');
 	assert.equal(credential.displayName, 'Idem API');
 	assert.deepEqual(
 		credential.properties.map((p) => p.name),
-		['baseUrl', 'claimsToken', 'operatorToken', 'signingSecret'],
+		['baseUrl', 'claimsToken', 'operatorToken', 'signingSecret', 'deliverySigningSecret'],
 	);
 	for (const secret of credential.properties.slice(1)) assert.equal(secret.typeOptions.password, true, secret.name);
 });
