@@ -7,6 +7,9 @@ claims contract where a claim answers `uncertain` and `/fail` takes `effect`.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import time
 import uuid
@@ -19,7 +22,14 @@ from typing import Any
 import httpx
 import psycopg
 
-from tests.n8n_e2e.world import SOURCE, World
+from tests.n8n_e2e.n8n import executions
+from tests.n8n_e2e.world import (
+    SIGNING_SECRET,
+    SOURCE,
+    TRIGGER_PATH,
+    TRIGGER_READ_TIMEOUT_SECONDS,
+    World,
+)
 from tests.support import CLAIMS_TOKEN, Reply, libpq, wait_until
 
 POST_EVENT_PATH = "idem-events"
@@ -479,6 +489,117 @@ def node_send_event_changing_headers(world: World, outcome: Outcome) -> None:
     outcome.tasks = tasks(world, event["id"])
 
 
+# ------------------------------------------------------------------ 07: the Idem Trigger
+
+TRIGGER_WORKFLOW_ID = "idemTriggerCrm01"
+TRIGGER_CRM_SECONDS = 5.0
+
+
+def post_gateway_event(world: World, event: dict[str, Any]) -> httpx.Response:
+    """The provider's event straight to the gateway (signed v2 as `webform`), event type
+    `trigger.*`: the `trigger` route sends it to 07's Idem Trigger."""
+    key = _gateway_key(event)
+    body = json.dumps(
+        {
+            "source": SOURCE,
+            "event_type": "trigger.lead.created",
+            "external_id": event["id"],
+            "payload": event["data"],
+        }
+    )
+    timestamp = int(time.time())
+    digest = hmac.new(
+        SIGNING_SECRET.encode(), f"{timestamp}.{key}.{body}".encode(), hashlib.sha256
+    ).hexdigest()
+    return httpx.post(
+        f"http://127.0.0.1:{world.stack.port}/v1/events",
+        content=body,
+        headers={
+            "content-type": "application/json",
+            "idempotency-key": key,
+            "x-idem-timestamp": str(timestamp),
+            "x-idem-signature": f"v2={digest}",
+        },
+        timeout=30,
+    )
+
+
+def _attempts(world: World, key: str) -> int | None:
+    with psycopg.connect(libpq(world.stack.database_url), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT attempts FROM idempotency_keys WHERE idempotency_key = %s", (key,)
+        ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def trigger_slow_workflow(world: World, outcome: Outcome) -> None:
+    """The CRM call takes 5 s, the route's read timeout is 3 s: the gateway's re-sends are
+    answered in_progress by the trigger while the one execution runs, then with its result."""
+    event = _event("trigger-slow")
+    slow_first_answer(world, event["id"], TRIGGER_CRM_SECONDS)
+    before = executions(world.n8n.home, TRIGGER_WORKFLOW_ID)
+    started = time.monotonic()
+    accepted = post_gateway_event(world, event)
+    outcome.check(accepted.status_code == 202, f"event -> {_answer(accepted)}")
+    key = _gateway_key(event)
+    done = _wait_succeeded(world, key)
+    took = time.monotonic() - started
+    outcome.check(
+        done,
+        f"gateway key {world.key_status(key)} in {took:.1f} s"
+        f" (read timeout {TRIGGER_READ_TIMEOUT_SECONDS} s, CRM {TRIGGER_CRM_SECONDS:.0f} s),"
+        f" attempts {_attempts(world, key)}",
+    )
+    with world.crm.lock:
+        sent = sum(1 for r in world.crm.requests if event["id"] in r["key"])
+    outcome.check(sent == 1, f"the CRM saw {sent} create request(s)")
+    time.sleep(1)
+    started_executions = executions(world.n8n.home, TRIGGER_WORKFLOW_ID) - before
+    outcome.check(started_executions == 1, f"{started_executions} execution(s) started")
+    outcome.tasks = tasks(world, event["id"])
+
+
+def trigger_bad_signature(world: World, outcome: Outcome) -> None:
+    """A POST to the trigger's URL signed with another secret: 401, no execution, no task."""
+    event = _event("trigger-forged")
+    outcome.wanted = 0
+    body = json.dumps(event["data"]).encode()
+    key = _gateway_key(event)
+    timestamp = str(int(time.time()))
+    forged = "whsec_" + base64.b64encode(b"not-the-route-signing-secret-32b").decode()
+    mac = hmac.new(
+        base64.b64decode(forged.removeprefix("whsec_")),
+        f"{key}.{timestamp}.".encode() + body,
+        hashlib.sha256,
+    )
+    before = executions(world.n8n.home, TRIGGER_WORKFLOW_ID)
+    answers = []
+    for headers in (
+        {"webhook-signature": "v1," + base64.b64encode(mac.digest()).decode()},
+        {},  # no signature at all
+    ):
+        answers.append(
+            httpx.post(
+                world.webhook(TRIGGER_PATH),
+                content=body,
+                headers={
+                    "content-type": "application/json",
+                    "webhook-id": key,
+                    "webhook-timestamp": timestamp,
+                    **headers,
+                },
+                timeout=30,
+            )
+        )
+    wrong, missing = answers
+    outcome.check(wrong.status_code == 401, f"wrong signature -> {_answer(wrong)}")
+    outcome.check(missing.status_code == 401, f"no signature -> {_answer(missing)}")
+    time.sleep(1)
+    started_executions = executions(world.n8n.home, TRIGGER_WORKFLOW_ID) - before
+    outcome.check(started_executions == 0, f"{started_executions} execution(s) started")
+    outcome.tasks = tasks(world, event["id"])
+
+
 CASES = [
     Case("01 gateway: first delivery + redelivery", gateway_first_and_redelivery),
     Case("01 gateway: two deliveries at once", gateway_at_once),
@@ -509,6 +630,8 @@ CASES = [
         "06 node: Send Event after a Webhook with changing delivery headers",
         node_send_event_changing_headers,
     ),
+    Case("07 trigger: slow workflow", trigger_slow_workflow),
+    Case("07 trigger: bad signature", trigger_bad_signature),
 ]
 
 

@@ -246,3 +246,15 @@ def execution_errors(home: Path) -> list[str]:
             message = table[int(error["message"])] if "message" in error else "?"
         found.append(f"{workflow_id} / {last}: {message}")
     return found
+
+
+def executions(home: Path, workflow_id: str) -> int:
+    """How many executions n8n recorded for one workflow (its sqlite), finished or running."""
+    database = home / ".n8n" / "database.sqlite"
+    if not database.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(database)) as conn:
+        (count,) = conn.execute(
+            "SELECT count(*) FROM execution_entity WHERE workflowId = ?", (workflow_id,)
+        ).fetchone()
+    return int(count)

@@ -10,6 +10,7 @@ pointed here, its credentials created and published.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -43,6 +44,12 @@ ARTIFACTS = ROOT / "test-artifacts" / "n8n-e2e"
 SOURCE = "webform"
 SIGNING_SECRET = "whsec_n8n_e2e_0123456789abcdef"
 ROTATED_SECRET = "whsec_n8n_e2e_rotated_fedcba9876"
+# The `trigger` route's Standard Webhooks secret: the gateway signs what it sends to 07's Idem
+# Trigger with it, and the trigger checks it (the Idem API credential's Delivery Signing Secret).
+TRIGGER_SECRET = "whsec_" + base64.b64encode(b"n8n-e2e-trigger-delivery-secret!").decode()
+# 07's Idem Trigger path, and the gateway route that sends to it (event types `trigger.*`).
+TRIGGER_PATH = "idem-trigger-crm"
+TRIGGER_READ_TIMEOUT_SECONDS = 3
 # Credential ids the example workflows name; a user picks their own after importing.
 CLAIMS_CREDENTIAL = "idemClaimsToken1"
 SIGNING_CREDENTIAL = "idemWebhookSign1"
@@ -143,6 +150,24 @@ def world(binary: Path, keep: bool = False) -> Iterator[World]:
     redis_process, redis_url = embedded.start_redis(work / "redis", appendonly=False)
     routes = write_routes(work / "routes.toml", crm.url)
     n8n = N8n(binary=binary, home=work / "n8n-home", log_dir=logs)
+    # 07: a slow workflow behind the Idem Trigger, the gateway's read timeout shorter than it.
+    with routes.open("a", encoding="utf-8") as file:
+        file.write(
+            f"""
+[[routes]]
+match = "trigger.*"
+name = "trigger"
+kind = "n8n"
+action = "http"
+url = "{n8n.url}/webhook/{TRIGGER_PATH}"
+signing_secret = "{TRIGGER_SECRET}"
+read_timeout_seconds = {TRIGGER_READ_TIMEOUT_SECONDS}
+connect_timeout_seconds = 1
+backoff_base_seconds = 0.5
+backoff_cap_seconds = 2
+max_attempts = 4
+"""
+        )
     n8n.home.mkdir()
     stack = rotated = None
     proxy = TcpProxy()
@@ -190,6 +215,8 @@ def world(binary: Path, keep: bool = False) -> Iterator[World]:
                             "claimsToken": CLAIMS_TOKEN,
                             # 06 sends events as the source `webform`, which is signed.
                             "signingSecret": SIGNING_SECRET,
+                            # 07's Idem Trigger checks the `trigger` route's signature.
+                            "deliverySigningSecret": TRIGGER_SECRET,
                         },
                     },
                     {

@@ -28,8 +28,10 @@ NODE_CLAIM = "04-claim-with-idem-node.json"
 NODE_HEARTBEAT = "05-heartbeat-with-idem-node.json"
 # 01 with the node's Send Event, its payload left at the default (the webhook's body).
 NODE_SEND_EVENT = "06-send-event-with-idem-node.json"
+# The Idem Trigger (one execution per gateway key) -> CRM -> the node's Complete.
+NODE_TRIGGER = "07-idem-trigger.json"
 NODE_CLAIMS = [NODE_CLAIM, NODE_HEARTBEAT]
-NODE_WORKFLOWS = [*NODE_CLAIMS, NODE_SEND_EVENT]
+NODE_WORKFLOWS = [*NODE_CLAIMS, NODE_SEND_EVENT, NODE_TRIGGER]
 EVERY_WORKFLOW = [*WORKFLOWS, *NODE_WORKFLOWS]
 IDEM_NODE = "n8n-nodes-idem.idem"
 IDEM_NODE_SOURCE = ROOT / "integrations" / "n8n-nodes-idem" / "nodes" / "Idem" / "Idem.node.ts"
@@ -753,6 +755,27 @@ def test_send_event_workflow_sends_the_webhook_body() -> None:
     options = named[unreachable]["parameters"]["options"]
     assert options["responseCode"] == 503
     assert "Retry-After" in {h["name"] for h in options["responseHeaders"]["entries"]}
+
+
+def test_trigger_workflow_ends_with_complete_from_the_trigger_item() -> None:
+    """07: the Idem Trigger starts it, the CRM call sends the gateway key as Idempotency-Key,
+    and the last node is the node's Complete with the trigger's claim key and lease token."""
+    workflow = load(NODE_TRIGGER)
+    named = by_name(workflow)
+    trigger = named["Idem Trigger"]
+    assert trigger["type"] == "n8n-nodes-idem.idemTrigger"
+    assert set(trigger["credentials"]) == {"idemApi"}
+    assert trigger["webhookId"] and trigger["parameters"]["path"]
+    assert targets(workflow, "Idem Trigger", 0) == ["Config"]
+    crm = named["CRM: create task"]
+    keys = {h["name"]: h["value"] for h in crm["parameters"]["headerParameters"]["parameters"]}
+    assert keys["Idempotency-Key"] == "={{ $('Idem Trigger').item.json.key }}"
+    assert targets(workflow, "CRM: create task", 0) == ["Idem: complete"]
+    complete = named["Idem: complete"]
+    assert complete["parameters"]["operation"] == "complete"
+    assert "$('Idem Trigger').item.json.idem.key" in complete["parameters"]["key"]
+    assert "$('Idem Trigger').item.json.idem.lease_token" in complete["parameters"]["leaseToken"]
+    assert "Idem: complete" not in workflow["connections"], "Complete is the last node"
 
 
 def test_webhook_paths_are_unique_across_examples() -> None:
