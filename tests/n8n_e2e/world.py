@@ -150,11 +150,13 @@ def world(binary: Path, keep: bool = False) -> Iterator[World]:
     redis_process, redis_url = embedded.start_redis(work / "redis", appendonly=False)
     routes = write_routes(work / "routes.toml", crm.url)
     n8n = N8n(binary=binary, home=work / "n8n-home", log_dir=logs)
-    # 07: a slow workflow behind the Idem Trigger, the gateway's read timeout shorter than it.
-    with routes.open("a", encoding="utf-8") as file:
-        file.write(
-            f"""
-[[routes]]
+    # 07: a slow workflow behind the Idem Trigger, the gateway's read timeout shorter than it;
+    # before the catch-all route (the first match wins).
+    text = routes.read_text(encoding="utf-8")
+    catch_all = text.index('[[routes]]\nmatch = "*"')
+    routes.write_text(
+        text[:catch_all]
+        + f"""[[routes]]
 match = "trigger.*"
 name = "trigger"
 kind = "n8n"
@@ -166,8 +168,11 @@ connect_timeout_seconds = 1
 backoff_base_seconds = 0.5
 backoff_cap_seconds = 2
 max_attempts = 4
+
 """
-        )
+        + text[catch_all:],
+        encoding="utf-8",
+    )
     n8n.home.mkdir()
     stack = rotated = None
     proxy = TcpProxy()

@@ -227,6 +227,7 @@ test('the trigger is registered, a POST webhook answered when the last node fini
 	assert.equal(description.webhooks[0].httpMethod, 'POST');
 	assert.equal(description.webhooks[0].responseMode, 'lastNode');
 	assert.equal(description.webhooks[0].responseData, 'firstEntryJson');
+	assert.equal(description.webhooks[0].isFullPath, true);
 });
 
 test('a bad signature is answered 401 and neither claims nor starts anything', async () => {

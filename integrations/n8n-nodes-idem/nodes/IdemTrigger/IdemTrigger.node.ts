@@ -57,6 +57,8 @@ export class IdemTrigger implements INodeType {
 				responseMode: 'lastNode',
 				responseData: 'firstEntryJson',
 				path: '={{$parameter["path"]}}',
+				// /webhook/<path>, as the Webhook node: not /webhook/<id>/<node>/<path>.
+				isFullPath: true,
 			},
 		],
 		properties: [
