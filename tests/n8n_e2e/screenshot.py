@@ -27,9 +27,12 @@ PLAYWRIGHT = "playwright-core@1.65.1"
 
 
 def main(argv: list[str]) -> int:
+    """`python -m tests.n8n_e2e.screenshot [OUT.png [EXAMPLE.json]]`: the example workflow
+    (04 by default) as n8n's editor shows it."""
     out = Path(argv[0]).resolve() if argv else DEFAULT_OUT
+    example = argv[1] if len(argv) > 1 else WORKFLOW
     out.parent.mkdir(parents=True, exist_ok=True)
-    workflow_id = json.loads((EXAMPLES / WORKFLOW).read_text(encoding="utf-8"))["id"]
+    workflow_id = json.loads((EXAMPLES / example).read_text(encoding="utf-8"))["id"]
     binary = n8n.install()
     with tempfile.TemporaryDirectory(prefix="idem-playwright-") as driver:
         subprocess.run(
