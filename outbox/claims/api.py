@@ -109,6 +109,24 @@ class FailRequest(BaseModel):
     effect: service.Effect = "unknown"
 
 
+class DedupeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(min_length=1, max_length=255)
+    # One second to a year: how long the key counts as seen.
+    ttl_seconds: int = Field(ge=1, le=31_536_000)
+    correlation_id: Label | None = None
+    workflow: Label | None = None
+
+    @field_validator("key")
+    @classmethod
+    def _valid_key(cls, value: str) -> str:
+        try:
+            return keys.validate_client_key(value)
+        except keys.InvalidKey as error:
+            raise ValueError(str(error)) from error
+
+
 KeyPath = Annotated[str, Path(min_length=1, max_length=255)]
 
 
@@ -222,6 +240,52 @@ def claims_router(
                 return JSONResponse(
                     {"status": outcome.status, "key": body.key, "error_code": outcome.error_code},
                     status_code=409,
+                )
+            case _:
+                assert_never(outcome)
+
+    @router.post(
+        "/dedupe",
+        status_code=201,
+        responses={200: json_response("seen: the key was marked within its TTL")},
+    )
+    async def dedupe(body: DedupeRequest) -> JSONResponse:
+        """Test-and-mark a key for `ttl_seconds`: 201 `{"seen": false}` the first time, 200
+        `{"seen": true, "first_seen_at": ...}` while the mark lives; no lease. 409
+        `key_in_other_use` for a key an event or a claim created."""
+        correlation_id = body.correlation_id or uuid.uuid4().hex
+        outcome = await database(
+            service.dedupe(
+                engine(),
+                body.key,
+                ttl_seconds=body.ttl_seconds,
+                correlation_id=correlation_id,
+                workflow=body.workflow,
+            )
+        )
+        bound = log.bind(key=keys.mask_key(body.key), correlation_id=correlation_id)
+        match outcome:
+            case service.New():
+                bound.info("claim.dedupe_new", ttl_seconds=body.ttl_seconds)
+                return JSONResponse({"seen": False, "key": body.key}, status_code=201)
+            case service.Seen():
+                bound.info("claim.dedupe_seen")
+                return JSONResponse(
+                    {
+                        "seen": True,
+                        "key": body.key,
+                        "first_seen_at": outcome.first_seen_at.isoformat(),
+                        "expires_at": outcome.expires_at.isoformat(),
+                    },
+                    status_code=200,
+                )
+            case service.OtherUse():
+                raise Problem(
+                    409,
+                    "key_in_other_use",
+                    "This key was created by an event or a claim, not by Dedupe; use another"
+                    " key (a prefix of its own, e.g. dedupe:) for Dedupe.",
+                    key=body.key,
                 )
             case _:
                 assert_never(outcome)
