@@ -420,3 +420,83 @@ test('the credential test looks up a made-up key with the claims token: 404 pass
 	assert.match(verdict(problem(403, 'claims_forbidden')), /403/);
 	assert.match(verdict(problem(429, 'too_many_failures')), /429/);
 });
+
+// ---------------------------------------------------------------- Dedupe
+
+const DEDUPE = { operation: 'dedupe', key: 'dedupe:evt-1', ttlSeconds: 3600 };
+
+test('dedupe: 201 seen false goes to New, with the key and no lease', async () => {
+	const { outputs, requests } = await run({ parameters: DEDUPE, answers: [[201, { seen: false, key: 'dedupe:evt-1' }]] });
+	assert.equal(outputs.length, 2);
+	assert.equal(outputs[0].length, 1);
+	assert.equal(outputs[1].length, 0);
+	const idem = outputs[0][0].json.idem;
+	assert.equal(idem.status, 'new');
+	assert.equal(idem.key, 'dedupe:evt-1');
+	assert.equal(idem.http_status, 201);
+	assert.equal(idem.lease_token, undefined);
+	assert.deepEqual(outputs[0][0].json.body, { id: 'evt-1' });
+	assert.equal(requests[0].url, 'http://idem.test/v1/claims/dedupe');
+	assert.equal(requests[0].method, 'POST');
+	assert.equal(requests[0].headers.Authorization, 'Bearer claims-secret');
+	assert.deepEqual(JSON.parse(requests[0].body), { key: 'dedupe:evt-1', ttl_seconds: 3600, workflow: 'CRM follow-up' });
+});
+
+test('dedupe: 200 seen true goes to Seen with first_seen_at', async () => {
+	const at = '2026-01-01T00:00:00+00:00';
+	const { outputs } = await run({
+		parameters: DEDUPE,
+		answers: [[200, { seen: true, key: 'dedupe:evt-1', first_seen_at: at, expires_at: at }]],
+	});
+	assert.equal(outputs[0].length, 0);
+	assert.equal(outputs[1].length, 1);
+	assert.equal(outputs[1][0].json.idem.status, 'seen');
+	assert.equal(outputs[1][0].json.idem.first_seen_at, at);
+});
+
+test('dedupe: two items, the second a repeat, split New / Seen in order', async () => {
+	const items = [{ json: { n: 1 } }, { json: { n: 2 } }];
+	const { outputs } = await run({
+		parameters: DEDUPE,
+		items,
+		answers: [
+			[201, { seen: false, key: 'dedupe:evt-1' }],
+			[200, { seen: true, key: 'dedupe:evt-1', first_seen_at: 'x' }],
+		],
+	});
+	assert.deepEqual(outputs[0].map((item) => item.json.n), [1]);
+	assert.deepEqual(outputs[1].map((item) => item.json.n), [2]);
+	assert.deepEqual(outputs[1][0].pairedItem, { item: 1 });
+});
+
+test('dedupe: a key in other use is refused (an error, never New)', async () => {
+	await assert.rejects(
+		run({ parameters: DEDUPE, answers: [[409, { error: 'key_in_other_use', detail: 'x' }]] }),
+		(error) => error instanceof NodeApiError && /key_in_other_use|Dedupe/.test(error.message),
+	);
+	const { outputs } = await run({
+		parameters: DEDUPE,
+		continueOnFail: true,
+		answers: [[409, { error: 'key_in_other_use' }]],
+	});
+	assert.equal(outputs[0].length, 0);
+	assert.equal(outputs[1].length, 1);
+	assert.equal(outputs[1][0].json.idem.status, 'refused');
+	assert.equal(outputs[1][0].json.idem.error, 'key_in_other_use');
+});
+
+test('dedupe: a bad TTL is refused before anything is sent', async () => {
+	for (const ttlSeconds of [0, 1.5, 'x', 31_536_001]) {
+		await assert.rejects(
+			run({ parameters: { ...DEDUPE, ttlSeconds }, answers: [] }),
+			(error) => error instanceof NodeOperationError && /TTL Seconds/.test(error.message),
+		);
+	}
+});
+
+test('dedupe: the gateway unavailable throws (Retry On Fail repeats it)', async () => {
+	await assert.rejects(
+		run({ parameters: DEDUPE, answers: [[503, { error: 'database_unavailable' }]] }),
+		(error) => error instanceof NodeApiError,
+	);
+});

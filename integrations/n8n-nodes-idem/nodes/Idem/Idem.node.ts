@@ -22,6 +22,8 @@ import {
 	claimRequest,
 	claimRoute,
 	completeRequest,
+	dedupeRequest,
+	dedupeRoute,
 	defaultEventPayload,
 	envelopeFromFields,
 	failRequest,
@@ -43,7 +45,7 @@ import {
 	type JsonMap,
 } from './protocol';
 
-type Operation = 'sendEvent' | 'claim' | 'complete' | 'fail' | 'heartbeat' | 'getEvent';
+type Operation = 'sendEvent' | 'claim' | 'complete' | 'fail' | 'heartbeat' | 'getEvent' | 'dedupe';
 
 // A gateway call either answers within seconds or the gateway is unreachable; 10 s keeps a
 // hung connection from holding the execution while leaving room for a slow database.
@@ -52,7 +54,14 @@ const DEFAULT_TIMEOUT_MS = 10_000;
 const CLAIM_OUTPUTS = CLAIM_ROUTES.map((route) => ({ type: 'main', displayName: CLAIM_OUTPUT_NAMES[route] }));
 // Outputs follow the operation: Claim has one per outcome, the others one. A parameter left at
 // its default (claim) may be absent from the workflow JSON, hence `undefined`.
-const OUTPUTS = `={{ ["claim", undefined].includes($parameter.operation) ? ${JSON.stringify(CLAIM_OUTPUTS)} : ["main"] }}` as const;
+const DEDUPE_OUTPUTS = [
+	{ type: 'main', displayName: 'New' },
+	{ type: 'main', displayName: 'Seen' },
+];
+const OUTPUTS =
+	`={{ ["claim", undefined].includes($parameter.operation) ? ${JSON.stringify(CLAIM_OUTPUTS)} : $parameter.operation === "dedupe" ? ${JSON.stringify(DEDUPE_OUTPUTS)} : ["main"] }}` as const;
+const DEDUPE_NEW = 0;
+const DEDUPE_SEEN = 1;
 
 function show(...operation: Operation[]): INodeProperties['displayOptions'] {
 	return { show: { operation } };
@@ -116,6 +125,12 @@ export class Idem implements INodeType {
 						action: 'Complete a claim',
 					},
 					{
+						name: 'Dedupe',
+						value: 'dedupe',
+						description: 'Test and mark a key for a time in one call: New the first time, Seen after (no lease)',
+						action: 'Dedupe a key',
+					},
+					{
 						name: 'Fail',
 						value: 'fail',
 						description: 'Record that the side effect failed, and whether it may have happened',
@@ -159,7 +174,17 @@ export class Idem implements INodeType {
 				required: true,
 				placeholder: 'crm-follow-up:evt_8812',
 				description: 'One key per business event and side effect, e.g. built from the provider’s event ID',
-				displayOptions: show('claim', 'getEvent'),
+				displayOptions: show('claim', 'getEvent', 'dedupe'),
+			},
+			{
+				displayName: 'TTL Seconds',
+				name: 'ttlSeconds',
+				type: 'number',
+				typeOptions: { minValue: 1, maxValue: 31_536_000 },
+				default: 86_400,
+				description:
+					'How long the key counts as seen; the gateway forgets it afterwards. Longer than the sender’s redelivery window.',
+				displayOptions: show('dedupe'),
 			},
 			{
 				displayName: 'Payload',
@@ -378,10 +403,15 @@ export class Idem implements INodeType {
 		const operation = this.getNodeParameter('operation', 0) as Operation;
 		const credentials = (await this.getCredentials('idemApi')) as unknown as IdemCredentials;
 		const claiming = operation === 'claim';
-		const outputs: INodeExecutionData[][] = claiming ? CLAIM_ROUTES.map(() => []) : [[]];
+		const deduping = operation === 'dedupe';
+		const outputs: INodeExecutionData[][] = claiming
+			? CLAIM_ROUTES.map(() => [])
+			: deduping
+				? [[], []]
+				: [[]];
 		// Items that fail under Continue On Fail go where nothing acts on them (n8n's
 		// "Continue (using error output)" then moves them to the error output).
-		const errorOutput = claiming ? CLAIM_ROUTES.indexOf('refused') : 0;
+		const errorOutput = claiming ? CLAIM_ROUTES.indexOf('refused') : deduping ? DEDUPE_SEEN : 0;
 
 		for (let index = 0; index < items.length; index++) {
 			try {
@@ -394,7 +424,8 @@ export class Idem implements INodeType {
 				const answer = await send(this, request, index);
 				const merged = mergeIdem(items[index].json.idem, answerFields(answer, operation), leaseOf(this, operation, index));
 				if (!isRefusal(answer, operation)) {
-					outputs[0].push(withIdem(items[index], merged, index));
+					const output = deduping && dedupeRoute(answer) === 'seen' ? DEDUPE_SEEN : DEDUPE_NEW;
+					outputs[output].push(withIdem(items[index], merged, index));
 					continue;
 				}
 				// A refusal is never a success: it fails the execution, or takes n8n's error output.
@@ -404,7 +435,7 @@ export class Idem implements INodeType {
 					itemIndex: index,
 				});
 				if (!this.continueOnFail()) throw refused;
-				outputs[0].push(failedItem(items[index], merged, refused, index));
+				outputs[errorOutput].push(failedItem(items[index], merged, refused, index));
 			} catch (error) {
 				const failure =
 					error instanceof IdemInputError
@@ -435,6 +466,7 @@ const OPERATION_NAMES: Record<Operation, string> = {
 	heartbeat: 'Heartbeat',
 	getEvent: 'Get Event',
 	sendEvent: 'Send Event',
+	dedupe: 'Dedupe',
 };
 
 /**
@@ -466,7 +498,7 @@ function leaseOf(
 	operation: Operation,
 	index: number,
 ): { key?: string; leaseToken?: string } | undefined {
-	if (operation === 'claim') return { key: String(context.getNodeParameter('key', index, '') ?? '') };
+	if (operation === 'claim' || operation === 'dedupe') return { key: String(context.getNodeParameter('key', index, '') ?? '') };
 	if (operation !== 'complete' && operation !== 'fail' && operation !== 'heartbeat') return undefined;
 	return {
 		key: String(context.getNodeParameter('key', index, '') ?? ''),
@@ -538,6 +570,13 @@ function buildRequest(
 				key: parameter('key') as string,
 				leaseToken: parameter('leaseToken') as string,
 				leaseSeconds: parameter('leaseSeconds', 60) as number,
+			});
+		case 'dedupe':
+			return dedupeRequest(credentials, {
+				key: parameter('key') as string,
+				ttlSeconds: parameter('ttlSeconds', 86_400),
+				workflow: context.getWorkflow().name,
+				correlationId: options(context, index).correlationId,
 			});
 		case 'getEvent':
 			return getEventRequest(credentials, parameter('key') as string);

@@ -138,6 +138,45 @@ export function claimRequest(credentials: IdemCredentials, input: ClaimInput): G
 	};
 }
 
+export interface DedupeInput {
+	key: string;
+	ttlSeconds: unknown;
+	workflow?: string;
+	correlationId?: string;
+}
+
+/** The gateway's longest dedupe TTL: a year. */
+export const DEDUPE_MAX_TTL_SECONDS = 31_536_000;
+
+/** Test-and-mark a key for a TTL in one call (`POST /v1/claims/dedupe`); no lease. */
+export function dedupeRequest(credentials: IdemCredentials, input: DedupeInput): GatewayRequest {
+	const ttl = Number(input.ttlSeconds);
+	if (!Number.isInteger(ttl) || ttl < 1 || ttl > DEDUPE_MAX_TTL_SECONDS) {
+		throw new IdemInputError(`TTL Seconds must be a whole number from 1 to ${DEDUPE_MAX_TTL_SECONDS}`);
+	}
+	return {
+		method: 'POST',
+		url: `${base(credentials)}/v1/claims/dedupe`,
+		headers: claimsHeaders(credentials),
+		body: jsonBody({
+			key: required(input.key, 'Key'),
+			ttl_seconds: ttl,
+			workflow: optionalText(input.workflow)?.slice(0, 200),
+			correlation_id: optionalText(input.correlationId),
+		}),
+	};
+}
+
+export type DedupeRoute = 'new' | 'seen';
+
+/** 201 `{"seen": false}` → New; 200 `{"seen": true}` → Seen; anything else is a refusal. */
+export function dedupeRoute(answer: GatewayAnswer): DedupeRoute | null {
+	const body = parseBody(answer.body);
+	if (answer.statusCode === 201 && body.seen === false) return 'new';
+	if (answer.statusCode === 200 && body.seen === true) return 'seen';
+	return null;
+}
+
 export interface CompleteInput {
 	key: string;
 	leaseToken: string;
@@ -341,7 +380,7 @@ export function isUnavailable(statusCode: number): boolean {
 }
 
 /** What an answer was to, where that changes its meaning. */
-export type AnswerTo = 'claim' | 'complete' | 'fail' | 'heartbeat' | 'getEvent' | 'sendEvent';
+export type AnswerTo = 'claim' | 'complete' | 'fail' | 'heartbeat' | 'getEvent' | 'sendEvent' | 'dedupe';
 
 /**
  * The gateway said no: an answer that is neither a success nor an outcome (`lease_lost`,
@@ -352,6 +391,7 @@ export type AnswerTo = 'claim' | 'complete' | 'fail' | 'heartbeat' | 'getEvent' 
 export function isRefusal(answer: GatewayAnswer, to: AnswerTo): boolean {
 	if (isUnavailable(answer.statusCode)) return false;
 	if (to === 'claim') return claimRoute(answer) === 'refused';
+	if (to === 'dedupe') return dedupeRoute(answer) === null;
 	if (answer.statusCode < 300) return false;
 	return !(to === 'getEvent' && answer.statusCode === 404);
 }
@@ -381,6 +421,9 @@ export function answerFields(answer: GatewayAnswer, to: AnswerTo = 'claim'): Jso
 		fields.status = 'refused';
 	} else {
 		fields.status = typeof body.status === 'string' ? body.status : 'ok';
+	}
+	if (to === 'dedupe' && !isRefusal(answer, to) && !isUnavailable(answer.statusCode)) {
+		fields.status = body.seen === true ? 'seen' : 'new';
 	}
 	return fields;
 }
