@@ -76,7 +76,10 @@ def after_failure(
         return DeadLetter(replace(failure, transient=False, detail=detail), "permanent")
     if not failure.transient:
         return DeadLetter(failure, "permanent", reconciled_absent)
-    if claim.attempt >= route.max_attempts:
+    # A failure with a window (n8n's "webhook not registered": nothing ran) is bounded by its
+    # window, not by the attempt count: a re-publish or an n8n start takes longer than a few
+    # quick retries, and every key still ends, at the window's end at the latest.
+    if claim.attempt >= route.max_attempts and failure.window_seconds is None:
         return DeadLetter(failure, "retries_exhausted", reconciled_absent)
     delay = next_delay(
         claim.attempt,

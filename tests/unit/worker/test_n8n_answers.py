@@ -99,6 +99,21 @@ def test_not_registered_retries_within_the_window_and_ends_permanent_past_it() -
     assert told.failure is None  # told as an answer: n8n did answer
 
 
+def test_not_registered_inside_the_window_is_not_ended_by_the_attempt_budget() -> None:
+    """A re-publish outlasts a route's few quick attempts: inside the window the key retries
+    past max_attempts; the window alone ends it."""
+    route = _route(kind="n8n", n8n_unregistered_grace_seconds=300, max_attempts=4)
+    failure = _failure(_answer(404, NOT_REGISTERED), route)
+    rng = random.Random(7)
+    inside = after_failure(route, _claim(attempt=9, spent=30), failure, False, rng)
+    assert isinstance(inside, RetryLater)
+    past = after_failure(route, _claim(attempt=40, spent=300), failure, False, rng)
+    assert isinstance(past, DeadLetter) and past.kind == "permanent"
+    other = _failure(_answer(503, {"message": "busy"}), route)
+    spent = after_failure(route, _claim(attempt=4, spent=30), other, False, rng)
+    assert isinstance(spent, DeadLetter) and spent.kind == "retries_exhausted"
+
+
 @pytest.mark.parametrize(
     ("body", "headers", "expected"),
     [
