@@ -110,7 +110,7 @@ def run_attempt(
             Failure(False, "no_route", f"no route named {claim.route!r} is configured"),
             "permanent",
         )
-    elif claim.attempt > route.max_attempts:
+    elif claim.attempt > route.max_attempts and not _within_window(claim):
         outcome = DeadLetter(
             Failure(
                 True,
@@ -209,6 +209,15 @@ class _Told:
     """What an action's outcome says about its route: answered (None) or a failure there."""
 
     failure: Failure | None
+
+
+def _within_window(claim: Claim) -> bool:
+    """Past the attempt budget, yet the last attempt ended with a recorded outcome (a retry,
+    possibly deferred since): only a failure bounded by a window rather than by the attempt
+    count gets here (n8n's "webhook not registered", `outcomes.after_failure`), and the window
+    ends the key. A crash loop is a claim of a key whose last attempt never ended
+    (`processing`, its lease expired)."""
+    return claim.previous_status == "failed_retryable"
 
 
 def _told(outcome: Outcome) -> _Told | None:
