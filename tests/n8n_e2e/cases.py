@@ -40,6 +40,8 @@ NODE_PATH = "idem-crm-follow-up-node"
 HEARTBEAT_PATH = "idem-crm-heartbeat-node"
 # 06: Webhook -> the node's Send Event with its default payload (the webhook's body).
 SEND_EVENT_PATH = "idem-events-node"
+# 08: Webhook -> the node's Dedupe -> New: CRM task / Seen: respond seen.
+DEDUPE_PATH = "idem-crm-dedupe-node"
 # What a provider's duplicate may wait for an answer while the first run is busy (issue 24).
 DUPLICATE_ANSWER_SECONDS = 6.0
 # A request to n8n waits for the whole workflow, Retry On Fail waits included (3 tries, 2 s).
@@ -600,6 +602,71 @@ def trigger_bad_signature(world: World, outcome: Outcome) -> None:
     outcome.tasks = tasks(world, event["id"])
 
 
+BURST_EVENTS = 10
+
+
+def trigger_republished_during_burst(world: World, outcome: Outcome) -> None:
+    """Ten events to the trigger's route while its workflow is unpublished and published again
+    in the running n8n (as a user does in the editor): n8n answers 404 "not registered"
+    meanwhile, the `kind = "n8n"` route waits it out, every event is delivered once."""
+    events = [_event(f"trigger-burst{n}") for n in range(BURST_EVENTS)]
+    outcome.wanted = BURST_EVENTS
+    accepted = []
+    world.n8n.unpublish_live(TRIGGER_WORKFLOW_ID)
+    try:
+        for number, event in enumerate(events):
+            accepted.append(post_gateway_event(world, event).status_code)
+            if number == BURST_EVENTS // 2:
+                time.sleep(2)
+            time.sleep(0.2)
+    finally:
+        world.n8n.publish_live(TRIGGER_WORKFLOW_ID)
+    outcome.check(accepted == [202] * BURST_EVENTS, f"events -> {sorted(set(accepted))}")
+    outcome.check(
+        all(_wait_succeeded(world, _gateway_key(event)) for event in events),
+        "every gateway key "
+        + ",".join(sorted({str(world.key_status(_gateway_key(e))) for e in events})),
+    )
+    with psycopg.connect(libpq(world.stack.database_url), autocommit=True) as conn:
+        (dead,) = conn.execute(
+            "SELECT count(*) FROM dead_letters WHERE idempotency_key = ANY(%s)",
+            ([_gateway_key(e) for e in events],),
+        ).fetchone()
+    outcome.check(dead == 0, f"{dead} dead letter(s)")
+    not_registered = sum(1 for event in events if (_attempts(world, _gateway_key(event)) or 0) > 1)
+    outcome.notes.append(f"{not_registered} event(s) sent again after n8n's 404")
+    outcome.tasks = sum(1 for event in events if tasks(world, event["id"]) == 1)
+    outcome.check(all(tasks(world, event["id"]) == 1 for event in events), "one task per event")
+
+
+# ------------------------------------------------------------------ 08: the node's Dedupe
+
+
+def node_dedupe_at_once(world: World, outcome: Outcome) -> None:
+    """The same item delivered twice at once to a workflow whose Dedupe decides: one execution
+    goes New and creates the task, the other goes Seen; a later redelivery is Seen too."""
+    event = _event("node-dedupe")
+    answers = deliver_twice_at_once(world, DEDUPE_PATH, event)
+    statuses = sorted(
+        str(body.get("status")) if isinstance(body := _body(a), dict) else "?" for a in answers
+    )
+    outcome.check(
+        [a.status_code for a in answers] == [200, 200] and statuses == ["new", "seen"],
+        "two at once -> " + ", ".join(_answer(a) for a in answers),
+    )
+    again = deliver(world, DEDUPE_PATH, event)
+    body = _body(again)
+    outcome.check(
+        again.status_code == 200 and isinstance(body, dict) and body.get("status") == "seen",
+        f"redelivery -> {_answer(again)}",
+    )
+    outcome.check(
+        world.key_status(f"n8n:crm-dedupe:{event['id']}") == "succeeded",
+        "dedupe key succeeded (a mark, no lease)",
+    )
+    outcome.tasks = tasks(world, event["id"])
+
+
 CASES = [
     Case("01 gateway: first delivery + redelivery", gateway_first_and_redelivery),
     Case("01 gateway: two deliveries at once", gateway_at_once),
@@ -632,6 +699,8 @@ CASES = [
     ),
     Case("07 trigger: slow workflow", trigger_slow_workflow),
     Case("07 trigger: bad signature", trigger_bad_signature),
+    Case("07 trigger: re-published during a burst", trigger_republished_during_burst),
+    Case("08 node: Dedupe, two executions at once", node_dedupe_at_once),
 ]
 
 

@@ -210,6 +210,44 @@ class N8n:
             # n8n finishes running executions on SIGTERM; 30 s is plenty for this check's.
             terminate([self.process], grace=30)
 
+    def rest(self) -> httpx.Client:
+        """A signed-in client of n8n's own REST API (the editor's), the owner set up on first use:
+        what a user does in the editor (unpublish, publish) done while n8n runs."""
+        client = httpx.Client(
+            base_url=f"{self.url}/rest", timeout=60, headers={"browser-id": "e2e"}
+        )
+        owner = {"email": "owner@example.com", "password": "E2e-owner-password-1"}
+        setup = client.post("/owner/setup", json={**owner, "firstName": "E", "lastName": "Two"})
+        if setup.status_code != 200:
+            login = client.post(
+                "/login",
+                json={"emailOrLdapLoginId": owner["email"], "password": owner["password"]},
+            )
+            if login.status_code != 200:
+                client.close()
+                raise N8nUnavailable(f"n8n sign-in failed: {login.status_code} {login.text[:300]}")
+        return client
+
+    def unpublish_live(self, workflow_id: str) -> None:
+        """Unpublish a workflow in the running n8n (its webhooks go at once)."""
+        client = self.rest()
+        with contextlib.closing(client):
+            done = client.post(f"/workflows/{workflow_id}/deactivate", json={})
+            if done.status_code != 200:
+                raise N8nUnavailable(f"unpublish: {done.status_code} {done.text[:300]}")
+
+    def publish_live(self, workflow_id: str) -> None:
+        """Publish a workflow's current version in the running n8n."""
+        client = self.rest()
+        with contextlib.closing(client):
+            found = client.get(f"/workflows/{workflow_id}")
+            if found.status_code != 200:
+                raise N8nUnavailable(f"workflow: {found.status_code} {found.text[:300]}")
+            version_id = found.json()["data"]["versionId"]
+            done = client.post(f"/workflows/{workflow_id}/activate", json={"versionId": version_id})
+            if done.status_code != 200:
+                raise N8nUnavailable(f"publish: {done.status_code} {done.text[:300]}")
+
     def log(self, tail: int = 4000) -> str:
         path = self.log_dir / "n8n.log"
         return path.read_text(errors="replace")[-tail:] if path.exists() else ""
