@@ -53,23 +53,26 @@ def _finite(value: Any) -> Any:
 JsonValue = Annotated[Any, AfterValidator(_finite)]
 
 
+def _client_key(value: str) -> str:
+    try:
+        return keys.validate_client_key(value)
+    except keys.InvalidKey as error:
+        raise ValueError(str(error)) from error
+
+
+# A key a workflow names: the gateway's rules for client keys (outbox.core.keys).
+ClientKey = Annotated[str, Field(min_length=1, max_length=255), AfterValidator(_client_key)]
+
+
 class ClaimRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    key: str = Field(min_length=1, max_length=255)
+    key: ClientKey
     payload: JsonValue = None
     lease_seconds: Seconds | None = None
     # Visible ASCII, at most 200 characters: they travel in headers (outbox.core.labels).
     correlation_id: Label | None = None
     workflow: Label | None = None
-
-    @field_validator("key")
-    @classmethod
-    def _valid_key(cls, value: str) -> str:
-        try:
-            return keys.validate_client_key(value)
-        except keys.InvalidKey as error:
-            raise ValueError(str(error)) from error
 
     @field_validator("payload")
     @classmethod
@@ -112,19 +115,11 @@ class FailRequest(BaseModel):
 class DedupeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    key: str = Field(min_length=1, max_length=255)
+    key: ClientKey
     # One second to a year: how long the key counts as seen.
     ttl_seconds: int = Field(ge=1, le=31_536_000)
     correlation_id: Label | None = None
     workflow: Label | None = None
-
-    @field_validator("key")
-    @classmethod
-    def _valid_key(cls, value: str) -> str:
-        try:
-            return keys.validate_client_key(value)
-        except keys.InvalidKey as error:
-            raise ValueError(str(error)) from error
 
 
 KeyPath = Annotated[str, Path(min_length=1, max_length=255)]
