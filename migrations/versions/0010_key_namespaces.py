@@ -20,13 +20,17 @@ accepted before the upgrade is still a repeat:
   walked in primary-key order, at most 1000 per statement, each batch committed: no statement
   grows with the table, and an interrupted upgrade resumes where it stopped (moved keys are
   skipped). A key whose new form is taken already (a client sent both `K` and `<ns>:K`) stays
-  as it was and is counted in a warning.
+  as it was and is counted in a warning. One corner is read as a client key: a derived key of
+  a source whose name is itself a timestamp with an offset, or case-folds to text that is not
+  in NFC (`ǰ`), had a prefix made from another spelling of the name; a repeat of such an event
+  after the upgrade is a new key.
 
-Run it with the receivers and workers stopped (as `idem migrate` does before they start): a
-worker holding a key while it moves loses its lease, and the key is reconciled like any other
-whose lease ran out. The operators' audit (`replays.keys`) keeps the keys as they were then.
+Run it with the receivers and workers stopped (compose's `migrate` step runs before they
+start): a worker holding a key while it moves loses its lease, and the key is reconciled like
+any other whose lease ran out. Keys in the operators' audit (`replays.keys`) and in the routes'
+transient state (permits, breaker windows) are left as they were.
 
-Downgrade restores the foreign keys and drops the two functions, and leaves the keys namespaced:
+Downgrade restores the foreign keys and drops the three functions, and leaves the keys namespaced:
 which keys were rewritten and which were sent in that form cannot be told apart afterwards.
 After a downgrade, a repeat of a pre-upgrade event whose header had no namespace is a new key.
 
