@@ -521,6 +521,20 @@ class Stack:
         return (self.log_dir / f"{name}.log").read_text(errors="replace")
 
 
+@contextlib.contextmanager
+def other_receiver(stack: Stack, log_dir: Path, **settings: str) -> Iterator[Stack]:
+    """A receiver of its own beside `stack` (same database, Redis and routes) with other
+    settings (`REQUIRE_SIGNED_WEBHOOKS="true"`), stopped at the end."""
+    receiver = Stack(
+        stack.database_url, stack.redis_url, stack.routes_file, log_dir, extra_env=settings
+    )
+    receiver.start_receiver()
+    try:
+        yield receiver
+    finally:
+        receiver.stop_all()
+
+
 def envelope(
     external_id: str, event_type: str = "crm.lead.created", **extra: Any
 ) -> dict[str, Any]:

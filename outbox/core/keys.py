@@ -8,6 +8,16 @@ split one event into two keys. The parts are hashed (SHA-256 over an unambiguous
 so a key carries no raw PII and a ":" inside a part cannot make two events collide; a readable
 ``source:event_type:`` prefix keeps keys greppable. Never an n8n execution id, a timestamp alone
 or a random UUID: those change on every retry or replay, which is exactly what a key must not do.
+
+Keys are namespaced by who may write them (invariant 17). Every key an event of source S gets
+starts with ``source_namespace(S) + ":"``: the derived key, a provider webhook's key and a
+client's own ``Idempotency-Key`` (scoped by `scoped_client_key`). A sender can name any source it
+likes only where that source has no secret; a signed source's namespace is written only with its
+signature. So a key sent by one source can never equal a key of another, whatever it claims.
+The namespace is the source's slug when the slug is the source itself (``billing``, ``shopify``),
+else the slug and 16 hex digits of the source's SHA-256 (``my-app~1a2b…``), so two sources
+whose slugs collide (``my app`` and ``my-app``, or two long names cut at 40) never share one.
+The migration 0010 computes the same in SQL (``key_namespace``, ``namespaced_key``).
 """
 
 from __future__ import annotations
@@ -28,6 +38,8 @@ __all__ = [
     "normalize_part",
     "normalize_text",
     "payload_hash",
+    "scoped_client_key",
+    "source_namespace",
     "validate_client_key",
 ]
 
@@ -46,7 +58,13 @@ _TIMESTAMP = re.compile(
 # Slugs keep only characters that are safe in logs, URLs and Redis key names.
 _SLUG_UNSAFE = re.compile(r"[^a-z0-9._-]")
 _SLUG_MAX = 40  # enough to recognise a source or event type at a glance, short enough for logs
-_DERIVED_KEY = re.compile(r"([a-z0-9._-]{1,40}):([a-z0-9._-]{1,40}):([0-9a-f]{64})")
+# The hashed namespace's digits: 64 bits, so no one finds a second source with a given namespace.
+_NAMESPACE_DIGEST = 16
+_DERIVED_KEY = re.compile(
+    r"([a-z0-9._-]{1,40}(?:~[0-9a-f]{16})?):([a-z0-9._-]{1,40}):([0-9a-f]{64})"
+)
+# What follows the namespace in a derived or provider key: `event_type_slug:sha256`.
+_DERIVED_TAIL = re.compile(r"[a-z0-9._-]{1,40}:[0-9a-f]{64}")
 _CLIENT_KEY = re.compile(r"[\x21-\x7e]+")
 _CLIENT_KEY_MAX = 255  # Stripe's limit: room for a UUID or composite id, small enough to index
 _ELLIPSIS = "…"
@@ -100,6 +118,44 @@ def _slug(value: str) -> str:
     return _SLUG_UNSAFE.sub("-", value)[:_SLUG_MAX]
 
 
+def source_namespace(source: str) -> str:
+    """The prefix (before its first ":") of every key an event of `source` gets.
+
+    `source` as events store it (`normalize_text(...).casefold()`: `Envelope.normalized_source`,
+    `Source.key`). Its slug when that is the source itself; else the slug, "~" and 16 hex of the
+    source's SHA-256, so sources that slug alike (``my app``, ``my-app``) stay apart. Neither
+    form contains ":" and only the second contains "~", so two sources never share one.
+    """
+    slug = _slug(source)
+    if slug == source:
+        return slug
+    return f"{slug}~{_sha256(source)[:_NAMESPACE_DIGEST]}"
+
+
+def scoped_client_key(source: str, client_key: str) -> str:
+    """The key stored for an `Idempotency-Key` (already validated) sent by `source`.
+
+    ``<namespace>:<client_key>``, or `client_key` as it is when it already starts with the
+    source's namespace and ":" (clients that namespace their own keys keep them). A key that
+    claims another source's prefix (``billing:o-77`` from ``webform``) so stays inside the
+    sender's namespace (``webform:billing:o-77``). One more form is read as its new one: a
+    derived key as a source whose namespace is hashed had it before namespaces
+    (``my-app:t:<sha256>`` from ``my app``), which the migration 0010 rewrote to
+    ``my-app~…:t:<sha256>``; a repeat sent with the old key finds the rewritten one.
+    """
+    namespace = source_namespace(source)
+    if client_key.startswith(namespace + ":"):
+        return client_key
+    slug = _slug(source)
+    if (
+        namespace != slug
+        and client_key.startswith(slug + ":")
+        and _DERIVED_TAIL.fullmatch(client_key, len(slug) + 1) is not None
+    ):
+        return namespace + client_key[len(slug) :]
+    return f"{namespace}:{client_key}"
+
+
 def derive_key(
     source: str,
     event_type: str,
@@ -108,13 +164,15 @@ def derive_key(
     *,
     fold_external_id_case: bool = False,
 ) -> str:
-    """``source_slug:event_type_slug:sha256`` for one business event.
+    """``source_namespace:event_type_slug:sha256`` for one business event.
 
     source and event_type are case-folded; external_id keeps its case (Stripe-style ids are
     case-sensitive) unless ``fold_external_id_case`` (e.g. e-mail addresses). A version of None
     and one that is empty after normalization mean the same thing: "no version". Raises
     InvalidKey if source, event_type or external_id is empty after normalization, because such
-    a key would merge every event of that type into one.
+    a key would merge every event of that type into one. The prefix is the namespace of the
+    source as stored (`source_namespace`); the digest covers the whole normalized source, so
+    sources whose slugs collide never share a key.
     """
     norm_source = _folded(normalize_part(source))
     norm_type = _folded(normalize_part(event_type))
@@ -131,7 +189,8 @@ def derive_key(
     norm_version = normalize_part(version) if version is not None else ""
     parts = [norm_source, norm_type, norm_id, norm_version or None]
     encoded = _KEY_PARTS.encode(parts)
-    return f"{_slug(norm_source)}:{_slug(norm_type)}:{_sha256(encoded)}"
+    namespace = source_namespace(normalize_text(source).casefold())
+    return f"{namespace}:{_slug(norm_type)}:{_sha256(encoded)}"
 
 
 def validate_client_key(key: str) -> str:

@@ -72,9 +72,11 @@ def event_ingest(
         route = admission.route_for(routes, envelope.normalized_source, event_type)
         if header_key is not None:
             try:
-                key = keys.validate_client_key(header_key)
+                client_key = keys.validate_client_key(header_key)
             except keys.InvalidKey as error:
                 raise Problem(400, "invalid_idempotency_key", str(error)) from error
+            # Inside the sender's namespace: no source can occupy another's keys.
+            key = keys.scoped_client_key(envelope.normalized_source, client_key)
         else:
             key = envelope.derived_key(fold_external_id_case=route.fold_external_id_case)
         event = intake.NewEvent(

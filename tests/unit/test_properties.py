@@ -15,6 +15,8 @@ from outbox.core.keys import (
     mask_key,
     normalize_text,
     payload_hash,
+    scoped_client_key,
+    source_namespace,
 )
 from worker.backoff import next_delay
 
@@ -90,6 +92,45 @@ def test_event_hash_is_the_payload_hash_of_the_whole_event(
     assert event_hash(
         source, event_type, external_id, version, canonical_json(payload)
     ) == payload_hash(whole)
+
+
+# Sources as events store them; the alphabet makes slug collisions (" ", ":", "-") common.
+stored_source = (
+    st.text(alphabet="ab -:É\u00e9\U0001f600", min_size=1, max_size=45)
+    .map(lambda s: normalize_text(s).casefold())
+    .filter(bool)
+)
+client_key = st.text(alphabet="ab-:~" + "0123456789abcdef", min_size=1, max_size=90)
+
+
+@given(stored_source, stored_source, client_key, client_key, part, part)
+def test_no_source_can_write_a_key_of_another(
+    a: str, b: str, key_a: str, key_b: str, event_type: str, external_id: str
+) -> None:
+    """Two different sources never share a namespace, and no key one of them can send (its
+    own, or anything claiming the other's prefix) equals a client, derived or provider key of
+    the other; every key of a source starts with its namespace."""
+    assume(a != b)
+    assert source_namespace(a) != source_namespace(b)
+    mine = scoped_client_key(a, key_a)
+    assert mine.startswith(source_namespace(a) + ":")
+    for theirs in (
+        scoped_client_key(b, key_b),
+        scoped_client_key(b, mine),
+        derive_key(b, event_type, external_id),
+        derive_key(b, "webhook", external_id),
+    ):
+        assert theirs.startswith(source_namespace(b) + ":")
+        assert mine != theirs
+
+
+@given(part)
+def test_the_stored_source_form_is_stable(source: str) -> None:
+    """Normalizing a stored source again changes nothing, so the namespace derive_key computes
+    from any spelling is the one of the source column."""
+    stored = normalize_text(source).casefold()
+    assert normalize_text(stored).casefold() == stored
+    assert derive_key(source, "t", "x").startswith(source_namespace(stored) + ":")
 
 
 @given(part, part, st.emails())

@@ -100,15 +100,16 @@ def test_same_key_different_payload_is_refused(stack: Stack, downstream: Downstr
 def test_idempotency_key_header_replaces_the_derived_key(
     stack: Stack, downstream: Downstream
 ) -> None:
-    """With an Idempotency-Key header, that key is used, whatever the envelope's ids are."""
+    """With an Idempotency-Key header, that key is used, whatever the envelope's ids are: in
+    the source's namespace (`webform:evt_42`), which is also what the action sends on."""
     with stack.client() as client:
         a = client.post("/v1/events", json=envelope("x-1"), headers={"Idempotency-Key": "evt_42"})
         b = client.post("/v1/events", json=envelope("x-1"), headers={"Idempotency-Key": "evt_42"})
-    assert a.json()["key"] == "evt_42"
+    assert a.json()["key"] == "webform:evt_42"
     assert b.json()["duplicate"] is True
-    wait_until(lambda: _succeeded(stack, "evt_42"))
-    assert downstream.effects == {"evt_42": 1}
-    assert downstream.requests[0]["headers"]["Idempotency-Key"] == "evt_42"
+    wait_until(lambda: _succeeded(stack, "webform:evt_42"))
+    assert downstream.effects == {"webform:evt_42": 1}
+    assert downstream.requests[0]["headers"]["Idempotency-Key"] == "webform:evt_42"
 
 
 def test_many_events_end_to_end_through_the_http_action(

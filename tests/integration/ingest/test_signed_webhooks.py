@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from outbox.ingest.signatures import sign, sign_v2
-from tests.support import WEBHOOK_SECRET, Stack, envelope, query
+from tests.support import WEBHOOK_SECRET, Stack, envelope, other_receiver, query
 
 
 def _post(stack: Stack, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
@@ -124,19 +124,11 @@ def test_a_v2_signature_binds_the_key_so_a_replay_cannot_change_it(stack: Stack)
 
 
 def test_require_signed_webhooks_refuses_sources_without_a_secret(
-    stack: Stack, routes_file: Path, tmp_path: Path
+    stack: Stack, tmp_path: Path
 ) -> None:
     """With REQUIRE_SIGNED_WEBHOOKS=true an event of a source with no secret is 401
     unknown_source and stores nothing; a signing source's signed event is accepted."""
-    strict = Stack(
-        stack.database_url,
-        stack.redis_url,
-        routes_file,
-        tmp_path,
-        extra_env={"REQUIRE_SIGNED_WEBHOOKS": "true"},
-    )
-    strict.start_receiver()
-    try:
+    with other_receiver(stack, tmp_path, REQUIRE_SIGNED_WEBHOOKS="true") as strict:
         unsigned = _post(strict, json.dumps(envelope("plain-2", "noop.x")).encode(), {})
         body = _body("sig-3")
         stamp = int(time.time())
@@ -145,8 +137,6 @@ def test_require_signed_webhooks_refuses_sources_without_a_secret(
             body,
             _signed_v1(body, stamp),
         )
-    finally:
-        strict.stop_all()
     assert unsigned == (401, "unknown_source")
     assert signed[0] == 202
     assert query(stack.database_url, "SELECT count(*) FROM idempotency_keys") == [(1,)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import re
@@ -19,10 +20,12 @@ from outbox.core.keys import (
     normalize_text,
     payload_hash,
     require_finite,
+    scoped_client_key,
+    source_namespace,
     validate_client_key,
 )
 
-DERIVED_KEY_SHAPE = re.compile(r"[a-z0-9._-]{1,40}:[a-z0-9._-]{1,40}:[0-9a-f]{64}")
+DERIVED_KEY_SHAPE = re.compile(r"[a-z0-9._-]{1,40}(~[0-9a-f]{16})?:[a-z0-9._-]{1,40}:[0-9a-f]{64}")
 NFD_E = "e\u0301"  # "é" as "e" + combining acute accent
 NFC_E = "\u00e9"  # "é" as one code point
 
@@ -124,17 +127,26 @@ def test_derive_key_golden_value() -> None:
     )
 
 
+def _hashed(slug: str, source: str) -> str:
+    return f"{slug}~{hashlib.sha256(source.encode()).hexdigest()[:16]}"
+
+
 @pytest.mark.parametrize(
     ("source", "event_type", "prefix"),
     [
         ("stripe", "charge.succeeded", "stripe:charge.succeeded:"),
-        ("Shopify Store", "Order/Created", "shopify-store:order-created:"),
-        (f"caf{NFD_E}", "a_b-c.d", "caf-:a_b-c.d:"),
-        ("x" * 50, "y" * 41, f"{'x' * 40}:{'y' * 40}:"),
+        (
+            "Shopify Store",
+            "Order/Created",
+            _hashed("shopify-store", "shopify store") + ":order-created:",
+        ),
+        (f"caf{NFD_E}", "a_b-c.d", _hashed("caf-", f"caf{NFC_E}") + ":a_b-c.d:"),
+        ("x" * 50, "y" * 41, _hashed("x" * 40, "x" * 50) + f":{'y' * 40}:"),
     ],
 )
 def test_derive_key_prefix_is_a_safe_slug(source: str, event_type: str, prefix: str) -> None:
-    """The readable prefix is the normalized source and event type, slugged and cut to 40."""
+    """The readable prefix is the source's namespace (its slug, with a digest of the source
+    when the slug is not the source itself) and the event type slugged and cut to 40."""
     key = derive_key(source, event_type, "id-1")
     assert key.startswith(prefix)
     assert DERIVED_KEY_SHAPE.fullmatch(key)
@@ -396,6 +408,73 @@ def test_rejection_message_does_not_echo_the_key() -> None:
     assert "jane" not in str(caught.value)
 
 
+# --- source_namespace and scoped_client_key --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "namespace"),
+    [
+        ("billing", "billing"),
+        ("shopify", "shopify"),
+        ("a.b_c-1", "a.b_c-1"),
+        ("x" * 40, "x" * 40),
+        ("my app", _hashed("my-app", "my app")),
+        ("my:app", _hashed("my-app", "my:app")),
+        (f"caf{NFC_E}", _hashed("caf-", f"caf{NFC_E}")),
+        ("x" * 41, _hashed("x" * 40, "x" * 41)),
+        ("\U0001f600 shop", _hashed("--shop", "\U0001f600 shop")),
+    ],
+)
+def test_source_namespace_is_the_slug_or_the_slug_and_a_digest(source: str, namespace: str) -> None:
+    """A source that is its own slug is its namespace; any other gets 16 hex of its SHA-256
+    after "~", so `my app`, `my:app` and `my-app` are three namespaces."""
+    assert source_namespace(source) == namespace
+    assert ":" not in namespace
+
+
+@pytest.mark.parametrize(
+    ("source", "client_key", "stored"),
+    [
+        ("webform", "o-77", "webform:o-77"),
+        ("webform", "billing:o-77", "webform:billing:o-77"),
+        ("webform", "shopify:webhook:" + "a" * 64, "webform:shopify:webhook:" + "a" * 64),
+        ("webform", "webform:o-77", "webform:o-77"),  # already namespaced: kept
+        ("webform", "webform:", "webform:"),
+        ("webform", "webformx:o-77", "webform:webformx:o-77"),
+        ("webform", "webform", "webform:webform"),
+        ("my-app", "my-app:o-1", "my-app:o-1"),
+        ("my app", "o-1", _hashed("my-app", "my app") + ":o-1"),
+        # Another source's slug never passes for the sender's namespace...
+        ("my app", "my-app:o-1", _hashed("my-app", "my app") + ":my-app:o-1"),
+        # ...except the old form of the sender's own derived keys, read as their new form.
+        (
+            "my app",
+            "my-app:t.x:" + "b" * 64,
+            _hashed("my-app", "my app") + ":t.x:" + "b" * 64,
+        ),
+    ],
+)
+def test_scoped_client_key_keeps_a_key_inside_its_senders_namespace(
+    source: str, client_key: str, stored: str
+) -> None:
+    """A client's key is stored under its source's namespace; one that already starts with it
+    is kept as sent, and one claiming another source's prefix is nested inside the sender's."""
+    assert scoped_client_key(source, client_key) == stored
+
+
+def test_derived_and_provider_keys_start_with_the_source_namespace() -> None:
+    """Every key a source's event gets starts with its namespace: derived keys of sources whose
+    slugs collide differ in namespace and digest, and none equals the other's client key."""
+    spaced, dashed = derive_key("My App", "t", "1"), derive_key("my-app", "t", "1")
+    assert spaced.startswith(source_namespace("my app") + ":")
+    assert dashed.startswith("my-app:")
+    assert scoped_client_key("my-app", spaced.split(":", 1)[1]) != spaced
+    assert scoped_client_key("my-app", "my-app:" + spaced.split(":", 1)[1]) != spaced
+    assert derive_key("Shopify", "webhook", "e1") == "shopify:webhook:" + digest(
+        derive_key("shopify", "webhook", "e1")
+    )
+
+
 # --- mask_key ---------------------------------------------------------------------------------
 
 
@@ -403,6 +482,10 @@ def test_rejection_message_does_not_echo_the_key() -> None:
     ("key", "expected"),
     [
         ("stripe:charge.succeeded:" + "0123456789abcdef" * 4, "stripe:charge.succeeded:01234567…"),
+        (
+            "my-app~0123456789abcdef:t:" + "0123456789abcdef" * 4,
+            "my-app~0123456789abcdef:t:01234567…",
+        ),
         ("abcdefghijklm", "abcd…jklm"),
         ("550e8400-e29b-41d4-a716-446655440000", "550e…0000"),
         ("0123456789abcdef" * 4, "0123…cdef"),

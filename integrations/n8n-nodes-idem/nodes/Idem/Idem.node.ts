@@ -366,7 +366,8 @@ export class Idem implements INodeType {
 				name: 'idempotencyKey',
 				type: 'string',
 				default: '',
-				description: 'Replaces the key built from the envelope; prefer the provider’s own event ID',
+				description:
+					'Replaces the key built from the envelope; prefer the provider’s own event ID. Stored in the source’s namespace (source:key, unless it starts with that already); idem.key is the stored key.',
 				displayOptions: show('sendEvent'),
 			},
 
