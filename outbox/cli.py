@@ -118,7 +118,8 @@ def worker(
     pool: str = typer.Option(None, help="threads (default) or prefork (WORKER_POOL)."),
 ) -> None:
     """Run the Celery worker that claims keys and runs actions."""
-    load_settings()
+    # Routes, not sources: the worker needs no provider's secret (docs/security.md).
+    load_settings(sources=False)
     args = [sys.executable, "-m", "worker"]
     if concurrency:
         args += ["--concurrency", str(concurrency)]
@@ -152,7 +153,10 @@ def migrate() -> None:
     """Apply the database migrations (Alembic upgrade to head)."""
     from outbox.store.migrate import upgrade
 
-    settings = load_settings()
+    # The database only: migrations need neither the broker nor any route or source.
+    settings = load_settings(need_servers=False, sources=False)
+    if not settings.database_url:
+        fail("DATABASE_URL is not set")
     log.info("migrations.applied", revision=upgrade(settings.database_url))
 
 

@@ -35,8 +35,9 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of tabl
 By = Annotated[str | None, typer.Option(help="Operator name on record (default: $USER).")]
 
 
-def load_settings(*, need_servers: bool = True) -> Settings:
-    """The environment's settings, logging configured, every start-up check passed."""
+def load_settings(*, need_servers: bool = True, sources: bool = True) -> Settings:
+    """The environment's settings, logging configured, every start-up check passed (the routes
+    file's `[[sources]]` only when `sources`: see `load_routes`)."""
     settings = get_settings()
     configure_logging(settings.log_format, settings.log_level)
     if need_servers and not settings.database_url:
@@ -45,7 +46,7 @@ def load_settings(*, need_servers: bool = True) -> Settings:
         fail("REDIS_URL is not set (or use `idem dev`, which starts embedded servers)")
     try:
         check_tokens(configured_tokens(settings))
-        check_timing(settings, load_routes(settings.routes_file))
+        check_timing(settings, load_routes(settings.routes_file, sources=sources))
     except (RoutesError, TimingError, TokenError) as error:
         fail(str(error))
     return settings

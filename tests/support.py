@@ -41,6 +41,21 @@ PROVIDER_SECRETS = {
 }
 
 
+def run_idem(
+    *args: str, env: dict[str, str], cwd: Path = ROOT, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`idem <args>` as a process of its own (in the project's folder unless `cwd`), its output
+    captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "outbox.cli", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def wait_until(condition: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1) -> Any:
     """Poll `condition` until it returns something truthy; fail with the last value."""
     deadline = time.monotonic() + timeout

@@ -32,8 +32,7 @@ TITLES: dict[str, str] = {
     "stale_signature": "The signed timestamp is too far from now; nothing was stored",
     "unknown_source": "The source has no signing secret; nothing was stored",
     "unsigned_idempotency_key": "The signature does not cover the Idempotency-Key",
-    "source_not_allowed": "This source may not trigger the route",
-    "source_not_found": "No webhook source of this name",
+    "source_not_allowed": "This source may not send events of this type",
     "missing_event_id": "No event id where the source says it is",
     "missing_event_type": "No event type where the source says it is",
     "headers_too_large": "The request's headers are larger than the limit",
@@ -93,7 +92,7 @@ PROBLEM_SCHEMA: dict[str, Any] = {
 _DESCRIPTIONS = {
     400: "Bad request (not JSON, an invalid or unsigned Idempotency-Key, no event id or type)",
     401: "Missing or invalid credentials or signature; nothing was stored",
-    403: "Forbidden (the source may not trigger this route); nothing was stored",
+    403: "Forbidden (the source may not send events of this type); nothing was stored",
     404: "Not found",
     409: "Conflict with the resource's current state",
     413: "Body too large (MAX_BODY_BYTES)",

@@ -339,8 +339,12 @@ class RouteTable:
 DEFAULT_ROUTES = RouteTable([Route(match="*", name="default-noop", action="noop")])
 
 
-def load_routes(path: Path | None) -> RouteTable:
-    """Read and check a routes file; with no file every event type goes to `noop`."""
+def load_routes(path: Path | None, *, sources: bool = True) -> RouteTable:
+    """Read and check a routes file; with no file every event type goes to `noop`.
+
+    `sources=False` leaves the `[[sources]]` tables unread, their `${...}` included: a process
+    that verifies no signature (the worker) runs without the providers' secrets in its
+    environment."""
     if path is None:
         return DEFAULT_ROUTES
     try:
@@ -351,6 +355,8 @@ def load_routes(path: Path | None) -> RouteTable:
         raise RoutesError(f"routes file {path} is not UTF-8: {exc.reason}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise RoutesError(f"routes file {path} is not valid TOML: {exc}") from exc
+    if not sources:
+        raw.pop("sources", None)
     try:
         expanded = _expand_env(raw)
     except RoutesError as exc:

@@ -67,6 +67,7 @@ def route_for(routes: RouteTable, source: str, event_type: str) -> Route:
         raise Problem(
             403,
             "source_not_allowed",
-            f"Route {route.label!r} does not take events from this source. Nothing was stored.",
+            # Names no route: who may send what is the operator's to know, not the sender's.
+            "This source may not send events of this type. Nothing was stored.",
         )
     return route

@@ -12,6 +12,11 @@ is recognized by the event's identity (source, id, version and type), not by its
 provider may change per-delivery fields between attempts (Stripe's `pending_webhooks`), and the
 body kept is the first delivery's. The stored payload is the provider's body, so the route's
 action gets exactly what the provider sent. An `Idempotency-Key` header plays no part here.
+
+The path is public, so its refusals tell a stranger nothing: a source that is not configured,
+and a signature that is missing, stale or wrong, all get the same 401 `invalid_signature` (same
+body, same headers), after the body was read within the same limit. Which of them it was goes
+to the log, for the operator.
 """
 
 # No `from __future__ import annotations`: FastAPI must resolve the signature at definition time.
@@ -26,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox.core import contract, keys
 from outbox.core.jsonbody import parse_json, resolve_pointer
+from outbox.core.logs import get_logger
 from outbox.core.problems import Problem, json_response, problem_responses
 from outbox.core.routes import Route, RouteTable, Source
 from outbox.core.settings import Settings
@@ -33,12 +39,23 @@ from outbox.ingest import admission, intake
 from outbox.ingest.answers import respond
 from outbox.ingest.fastpath import read_body
 from outbox.ingest.metrics import EventCounters
-from outbox.ingest.signatures import Signer
+from outbox.ingest.signatures import Signer, unauthorized
 
 WEBHOOKS_PATH = "/v1/webhooks/{source}"
 # The same bounds as the envelope's members: ids up to 1000 characters, types up to 200.
 _LIMITS = {"event_id": 1000, "event_type": 200, "external_id": 1000, "version": 1000}
 _HEADER = "header:"
+
+log = get_logger(__name__)
+
+
+def not_signed_by_source() -> Problem:
+    """The one answer to an unknown source and to any signature failure of a known one, so the
+    answer does not say which sources are configured or which scheme a source uses."""
+    return unauthorized(
+        "invalid_signature",
+        "The request is not signed by this source (signature missing, stale or not matching).",
+    )
 
 
 def read_field(location: str, document: Any, headers: Mapping[str, str]) -> str | None:
@@ -123,14 +140,17 @@ def webhook_ingest(
 
     async def post_webhook(source: SourcePath, request: Request) -> JSONResponse:
         """Take a provider's signed webhook as it was sent; repeats answer 200."""
+        body = await read_body(request, settings.max_body_bytes)
         name = keys.normalize_text(source).casefold()
         config = known.get(name)
         if config is None:
-            raise Problem(
-                404, "source_not_found", "No source of this name is configured; nothing stored."
-            )
-        body = await read_body(request, settings.max_body_bytes)
-        signers[name].verify(request.headers, body)
+            log.info("webhook.refused", source=None, reason="source_not_found")
+            raise not_signed_by_source()
+        try:
+            signers[name].verify(request.headers, body)
+        except Problem as refused:
+            log.info("webhook.refused", source=config.key, reason=refused.error)
+            raise not_signed_by_source() from None
         event, _ = provider_event(config, request.headers, body, routes)
         outcome = await database(intake.accept(engine(), event))
         return respond(outcome, event, metrics, repeat_status=200)
@@ -149,7 +169,7 @@ def webhooks_router(handler: WebhookHandler) -> APIRouter:
         responses={
             200: json_response("A repeat of a known event (a provider's retry): the first answer"),
             202: json_response("Accepted: a new event, committed with its outbox row"),
-            **problem_responses(400, 401, 403, 404, 413, 422, 503),
+            **problem_responses(400, 401, 403, 413, 422, 503),
         },
         openapi_extra={
             "requestBody": {

@@ -34,8 +34,13 @@ def upgrade(database_url: str, revision: str = "head") -> str:
     return ",".join(sorted(ScriptDirectory(SCRIPT_LOCATION).get_heads()))
 
 
-def is_at_head(connection: Connection) -> bool:
-    """Whether the database's schema revision is the newest one this code knows."""
-    script = ScriptDirectory(SCRIPT_LOCATION)
+def head_revisions() -> frozenset[str]:
+    """The newest revisions this code knows (read from the migration files)."""
+    return frozenset(ScriptDirectory(SCRIPT_LOCATION).get_heads())
+
+
+def is_at_head(connection: Connection, heads: frozenset[str] | None = None) -> bool:
+    """Whether the database's schema revision is the newest one this code knows (`heads`,
+    when the caller read them once)."""
     current = set(MigrationContext.configure(connection).get_current_heads())
-    return current == set(script.get_heads())
+    return current == (head_revisions() if heads is None else heads)

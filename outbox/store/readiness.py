@@ -1,33 +1,101 @@
 """Is this receiver ready to take traffic: database reachable, schema at head, broker reachable.
 
-Each check is bounded (the engine's timeouts, two seconds for Redis) and logs why it failed, so
-a probe every few seconds costs little and says what is wrong.
+`/readyz` is public (load balancers and orchestrators probe it without credentials), so a flood
+of probes must cost the receiver next to nothing and learn nothing:
+
+- one Redis client per process, named `idem-readyz` in `CLIENT LIST`, whose pool keeps the one
+  connection the checks take in turn (a connection per probe once made 16 flooding clients slow
+  every other endpoint down tenfold);
+- the database through the receiver's own synchronous pool, and the schema's head revisions read
+  from the migration files once, not on every probe;
+- one check at a time per process, and its answer kept for `CACHE_SECONDS`: probes meanwhile get
+  that answer, probes arriving while a check runs wait for it in the event loop (no thread held);
+- the caller gets ready or not ready; which check failed, and why, goes to the log.
+
+Each check is bounded (the engine's timeouts, `BROKER_TIMEOUT_SECONDS` for Redis).
 """
 
 from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
 
 import redis
 from sqlalchemy import Engine
 
 from outbox.core.logs import get_logger
-from outbox.store.migrate import is_at_head
+from outbox.store.migrate import head_revisions, is_at_head
 
 log = get_logger(__name__)
 
+# A flood costs at most one check a second per process; an orchestrator probing every few
+# seconds still sees the state of the last second.
+CACHE_SECONDS = 1.0
+# Longer than a healthy broker ever takes to answer PING; short enough for a probe's timeout.
+BROKER_TIMEOUT_SECONDS = 2.0
+# How the probe's connection shows in Redis's CLIENT LIST.
+CLIENT_NAME = "idem-readyz"
 
-def readiness(engine: Engine, redis_url: str) -> dict[str, bool]:
-    """Each dependency's state: reachable database, schema at head, reachable broker."""
-    checks = {"database": False, "migrations": False, "broker": False}
-    try:
-        with engine.connect() as conn:
-            checks["database"] = True
-            checks["migrations"] = is_at_head(conn)
-    except Exception as error:
-        log.warning("readyz.database", error=type(error).__name__)
-    try:
-        client = redis.Redis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=2)
-        with client:
-            checks["broker"] = bool(client.ping())
-    except Exception as error:
-        log.warning("readyz.broker", error=type(error).__name__)
-    return checks
+
+class Readiness:
+    """The receiver's readiness, checked at most once per `cache_seconds` over reused
+    connections. Create it in the running event loop; `close()` releases the broker's
+    connection."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        redis_url: str,
+        *,
+        cache_seconds: float = CACHE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._engine = engine
+        self._broker = redis.Redis.from_url(
+            redis_url,
+            socket_connect_timeout=BROKER_TIMEOUT_SECONDS,
+            socket_timeout=BROKER_TIMEOUT_SECONDS,
+            client_name=CLIENT_NAME,
+        )
+        self._heads = head_revisions()
+        self._cache_seconds = cache_seconds
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._ready = False
+        self._checked_at = -math.inf
+
+    async def ready(self) -> bool:
+        """The last answer if it is recent enough, else a new check's (run in a thread)."""
+        async with self._lock:
+            if self._clock() - self._checked_at >= self._cache_seconds:
+                self._ready = await asyncio.to_thread(self.check)
+                self._checked_at = self._clock()
+            return self._ready
+
+    def check(self) -> bool:
+        """Check every dependency now; log the ones that failed."""
+        checks = self.checks()
+        failed = sorted(name for name, ok in checks.items() if not ok)
+        if failed:
+            log.warning("readyz.not_ready", failed=failed)
+        return not failed
+
+    def checks(self) -> dict[str, bool]:
+        """Each dependency's state: reachable database, schema at head, reachable broker."""
+        checks = {"database": False, "migrations": False, "broker": False}
+        try:
+            with self._engine.connect() as conn:
+                checks["database"] = True
+                checks["migrations"] = is_at_head(conn, self._heads)
+        except Exception as error:
+            log.warning("readyz.database", error=type(error).__name__)
+        try:
+            checks["broker"] = bool(self._broker.ping())
+        except Exception as error:
+            log.warning("readyz.broker", error=type(error).__name__)
+        return checks
+
+    def close(self) -> None:
+        self._broker.close()

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import httpx
 import pytest
 
 from examples.fake_crm import FakeCrm
-from tests.support import ROOT
+from tests.support import ROOT, run_idem
 
 STEPS = (
     "1) A lead arrives from a web form.",
@@ -27,14 +25,7 @@ def test_demo_ends_with_one_task_on_embedded_servers() -> None:
     and exactly one side effect."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run(
-        [sys.executable, "-m", "outbox.cli", "demo"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_idem("demo", env=env)
     output = done.stdout
     assert done.returncode == 0, output + done.stderr[-3000:]
     for step in STEPS:

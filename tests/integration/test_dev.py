@@ -15,7 +15,7 @@ import httpx
 from sqlalchemy.engine import make_url
 
 from outbox.store.embedded import free_port, wait_for_port
-from tests.support import ROOT, system_state, wait_until
+from tests.support import ROOT, run_idem, system_state, wait_until
 
 
 def _ports(shared: dict[str, str]) -> list[int]:
@@ -37,14 +37,7 @@ def _second_shell(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     unset = ("DATABASE_URL", "REDIS_URL", "OPERATOR_TOKEN", "DATA_DIR", "ROUTES_FILE")
     env = {k: v for k, v in os.environ.items() if k not in unset}
     env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run(
-        [sys.executable, "-m", "outbox.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_idem(*args, env=env, cwd=cwd, timeout=60)
 
 
 def _dev_env(path: Path) -> dict[str, str]:

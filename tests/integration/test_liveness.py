@@ -6,21 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
-from tests.support import ROOT, Stack, wait_until
+from tests.support import ROOT, Stack, run_idem, wait_until
 
 
 def _alive(path: Path, max_age: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "outbox.cli", "alive", "--max-age", str(max_age)],
-        env={**os.environ, "HEARTBEAT_FILE": str(path), "PYTHONPATH": str(ROOT)},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    env = {**os.environ, "HEARTBEAT_FILE": str(path), "PYTHONPATH": str(ROOT)}
+    return run_idem("alive", "--max-age", str(max_age), env=env, timeout=60)
 
 
 def test_relay_and_sweeper_are_alive_while_their_loops_turn(

@@ -127,14 +127,42 @@ def test_a_badly_signed_delivery_is_401_and_stores_nothing(stack: Stack, source:
         answer = post(stack, source, delivery)
         assert answer.status_code == 401 and answer.json()["error"] == "invalid_signature"
     unsigned = post(stack, source, (body, {}))
-    assert unsigned.status_code == 401 and unsigned.json()["error"] == "missing_signature"
+    # Missing, like wrong, is the one answer of the public path (which scheme it lacks is logged).
+    assert unsigned.status_code == 401 and unsigned.json()["error"] == "invalid_signature"
     assert stored(stack) == 0
 
 
-def test_unknown_source_unkeyable_body_and_forbidden_route(stack: Stack) -> None:
-    """An unknown source is 404; a signed body without its id is 400 naming the place; a
-    provider event whose route does not take that source is 403; nothing is stored."""
-    assert post(stack, "paypal", stripe("evt_1")).status_code == 404
+def _answer(response: httpx.Response) -> tuple[int, bytes, dict[str, str]]:
+    """Everything a sender sees of an answer but the time it was sent."""
+    headers = {k: v for k, v in response.headers.items() if k.lower() != "date"}
+    return response.status_code, response.content, headers
+
+
+def test_an_unknown_source_answers_exactly_like_a_bad_signature(stack: Stack) -> None:
+    """Whatever a stranger sends (a provider's headers with a wrong secret, a stale signature,
+    no signature, another scheme's headers, a body over the limit), a source that is not
+    configured gets the very answer a configured one gives: status, body and headers, so the
+    path does not tell which sources exist; nothing is stored."""
+    body, _ = stripe("evt_probe")
+    stale = sign_stripe(PROVIDER_SECRETS["stripe"][1], int(time.time()) - 3600, body)
+    probes: list[Delivery] = [
+        stripe("evt_probe", secret=WRONG_SECRET),
+        (body, {"Stripe-Signature": stale}),
+        (body, {}),
+        github("evt_probe", secret=WRONG_SECRET),
+        (b"x" * (1_048_576 + 1), {}),
+    ]
+    for probe in probes:
+        known = [_answer(post(stack, name, probe)) for name in PROVIDERS]
+        unknown = _answer(post(stack, "paypal", probe))
+        assert all(answer == unknown for answer in known), (unknown, known)
+        assert unknown[0] in (401, 413)
+    assert stored(stack) == 0
+
+
+def test_unkeyable_body_and_forbidden_route(stack: Stack) -> None:
+    """A signed body without its id is 400 naming the place; a provider event whose route does
+    not take that source is 403, and the 403 names no route; nothing is stored."""
     body = b'{"type": "payment_intent.succeeded"}'
     stamp = int(time.time())
     signature = sign_stripe(PROVIDER_SECRETS["stripe"][1], stamp, body)
@@ -150,6 +178,8 @@ def test_unknown_source_unkeyable_body_and_forbidden_route(stack: Stack) -> None
     headers = {"Stripe-Signature": sign_stripe(PROVIDER_SECRETS["stripe"][1], stamp, body)}
     forbidden = post(stack, "stripe", (body, headers))
     assert forbidden.status_code == 403 and forbidden.json()["error"] == "source_not_allowed"
+    # The route taking `payment.*` is "payments", for the source `signed` only: neither shows.
+    assert "payments" not in forbidden.text and "signed" not in forbidden.text
     assert stored(stack) == 0
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 from tests.support import ROOT, wait_until
@@ -82,3 +83,25 @@ def test_worker_exits_zero_when_asked_to_stop(
         worker.send_signal(signal.SIGTERM)
         status = worker.wait(timeout=60)
     assert status == 0, (tmp_path / "worker.log").read_text(errors="replace")[-2000:]
+
+
+def test_worker_starts_without_the_providers_secrets(
+    database_url: str, own_redis: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker verifies no signature, so it reads the routes file's routes and not its
+    `[[sources]]`: a source whose secret is not in the worker's environment does not stop it
+    (compose gives the worker no provider secret)."""
+    monkeypatch.delenv("IDEM_TEST_PROVIDER_SECRET", raising=False)
+    routes = tmp_path / "routes.toml"
+    routes.write_text(
+        '[[routes]]\nmatch = "*"\naction = "noop"\n\n'
+        '[[sources]]\nname = "stripe"\nscheme = "stripe"\n'
+        'secret = "${IDEM_TEST_PROVIDER_SECRET}"\n',
+        encoding="utf-8",
+    )
+    with _worker(database_url, own_redis, routes, tmp_path / "worker.log") as (worker, client):
+        wait_until(lambda: _consuming(client) or worker.poll() is not None, timeout=60)
+        consuming = worker.poll() is None
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    assert consuming, (tmp_path / "worker.log").read_text(errors="replace")[-2000:]

@@ -353,3 +353,29 @@ def test_the_earlier_threshold_name_sets_the_minimum_of_calls() -> None:
     `circuit_failure_threshold` is read as `circuit_minimum_calls`."""
     route = Route.model_validate({"match": "a.*", "action": "noop", "circuit_failure_threshold": 4})
     assert route.circuit_minimum_calls == 4
+
+
+# A routes file whose provider source takes its secret from a variable nobody set.
+UNSET_SOURCE_SECRET = """
+[[routes]]
+match = "*"
+action = "noop"
+
+[[sources]]
+name = "stripe"
+scheme = "stripe"
+secret = "${IDEM_TEST_UNSET_SECRET}"
+"""
+
+
+def test_routes_without_sources_leave_the_sources_secrets_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sources=False` (the worker) reads the routes and skips `[[sources]]`, so a source
+    secret missing from the environment stops only a process that verifies signatures."""
+    monkeypatch.delenv("IDEM_TEST_UNSET_SECRET", raising=False)
+    table = load_routes(write(tmp_path, UNSET_SOURCE_SECRET), sources=False)
+    assert table.resolve("anything") is not None
+    assert table.sources == {}
+    with pytest.raises(RoutesError, match=r"\$\{IDEM_TEST_UNSET_SECRET\}"):
+        load_routes(write(tmp_path, UNSET_SOURCE_SECRET))
