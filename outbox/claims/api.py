@@ -149,7 +149,7 @@ def claims_router(
     router = APIRouter(
         prefix="/v1/claims",
         tags=["claims"],
-        # Bodies parsed like the events' (outbox.core.jsonbody): no lone surrogates, no NaN.
+        # No lone surrogate in any string of a body, as on the events path (outbox.core.jsonbody).
         route_class=JsonBodyRoute,
         dependencies=[Depends(authorize)],
         responses={

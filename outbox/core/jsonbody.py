@@ -1,15 +1,14 @@
 """Reading a request's JSON: the body parsed strictly, and RFC 6901 pointers into it.
 
-Every JSON body the gateway takes is parsed here: the events and the providers' webhooks call
-`parse_json` on the bytes they read, and the endpoints whose body the framework parses (the
-claims and operator APIs) use `outbox.core.jsonroute.JsonBodyRoute`, whose request parses with
-the same function.
+The events and the providers' webhooks call `parse_json` on the bytes they read: NaN and
+Infinity are not JSON, and every string (a value or an object's key) must be Unicode text.
+The endpoints whose body the framework parses (the claims and operator APIs) apply the same
+string rule through `outbox.core.jsonroute.JsonBodyRoute`.
 
-Strictly means: NaN and Infinity are not JSON, and every string (a value or an object's key)
-is Unicode text. Python's parser turns the escape `"\\ud800"` into a string holding a lone
-surrogate, which no UTF-8 encoder (PostgreSQL's driver, the JSON answer, a log line) can write:
-left in, it fails far from the request, as a 500. Such a body is refused here with 400
-`invalid_unicode` whose `errors[0].field` names the member (`payload.name`, `items.0`).
+Python's parser turns the escape `"\\ud800"` into a string holding a lone surrogate, which no
+UTF-8 encoder (PostgreSQL's driver, the JSON answer, a log line) can write: left in, it fails
+far from the request, as a 500. `refuse_lone_surrogates` answers 400 `invalid_unicode` instead,
+with `errors[0].field` naming the member (`payload.name`, `items.0`).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from outbox.core.problems import Problem
 # bytes are decoded as strict UTF-8, which refuses an encoded surrogate), and each of those
 # starts with one of these. A body holding neither (nearly every body) needs no walk; the
 # test is two byte searches, a few hundred nanoseconds on a body of kilobytes.
-_SURROGATE_ESCAPES = (b"\\ud", b"\\uD")
+_ESCAPE_LOWER, _ESCAPE_UPPER = b"\\ud", b"\\uD"
 
 
 def _reject_constant(name: str) -> Any:
@@ -41,14 +40,16 @@ def parse_json(body: bytes) -> Any:
         raise
     except (ValueError, RecursionError) as error:
         raise Problem(400, "invalid_json", "The body is not a JSON document.") from error
-    if any(escape in body for escape in _SURROGATE_ESCAPES):
-        refuse_lone_surrogates(document)
+    refuse_lone_surrogates(body, document)
     return document
 
 
-def refuse_lone_surrogates(document: Any) -> None:
-    """Raise 400 `invalid_unicode` naming the first string (a value or a key) of `document`
-    that holds a lone surrogate. A loop, not recursion: the parser bounds the depth, not us."""
+def refuse_lone_surrogates(body: bytes, document: Any) -> None:
+    """Raise 400 `invalid_unicode` naming the first string (a value or a key) of `document`,
+    parsed from `body`, that holds a lone surrogate. A loop, not recursion: the parser bounds
+    the depth, not us."""
+    if _ESCAPE_LOWER not in body and _ESCAPE_UPPER not in body:
+        return
     pending: list[tuple[Any, tuple[str, ...]]] = [(document, ())]
     while pending:
         value, path = pending.pop()

@@ -1,10 +1,12 @@
-"""FastAPI's body parsing, made `outbox.core.jsonbody.parse_json`'s (FastAPI's documented
+"""FastAPI's body parsing with `outbox.core.jsonbody`'s Unicode rule (FastAPI's documented
 custom request and route class pattern): a router built with `route_class=JsonBodyRoute` reads
-JSON bodies under the same rules as the events path, so no lone surrogate, NaN or Infinity
-reaches a model, the store or an answer."""
+JSON bodies as the framework does, then refuses a lone surrogate in any string exactly as the
+events path does, so none reaches a model, the store or an answer. NaN and Infinity are left
+to the models, which answer them 422 `invalid_request` as before."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -12,8 +14,7 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from outbox.core import keys
-from outbox.core.jsonbody import parse_json
+from outbox.core.jsonbody import refuse_lone_surrogates
 from outbox.core.problems import Problem
 
 
@@ -28,27 +29,24 @@ class JsonBodyError(StarletteHTTPException):
 
 
 class JsonBodyRequest(Request):
-    """A request whose `json()` is `parse_json`'s: the same rules as the events path."""
+    """A request whose `json()` refuses strings that are not Unicode text."""
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
+            body = await self.body()
+            # As Starlette parses (a json.JSONDecodeError stays FastAPI's 422 json_invalid).
+            document = json.loads(body)
             try:
-                self._json = parse_json(await self.body())
-            except keys.NumberOutOfRange as error:
-                # A model's own error for the same input would be 422 `invalid_request`.
-                where = {"field": "(body)", "message": str(error), "type": "number_out_of_range"}
-                problem = Problem(
-                    422, "invalid_request", "The request is malformed.", errors=[where]
-                )
-                raise JsonBodyError(problem) from error
+                refuse_lone_surrogates(body, document)
             except Problem as problem:
                 raise JsonBodyError(problem) from problem
+            self._json = document
         return self._json
 
 
 class JsonBodyRoute(APIRoute):
-    """An endpoint whose JSON body is read by `JsonBodyRequest` (FastAPI's custom request
-    class pattern): pass as `route_class` of a router whose endpoints take JSON bodies."""
+    """An endpoint whose JSON body is read by `JsonBodyRequest`: pass as `route_class` of a
+    router whose endpoints take JSON bodies."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()

@@ -77,7 +77,7 @@ def operator_router(
     router = APIRouter(
         prefix="/v1",
         tags=["operators"],
-        # Bodies parsed like the events' (outbox.core.jsonbody): no lone surrogates, no NaN.
+        # No lone surrogate in any string of a body, as on the events path (outbox.core.jsonbody).
         route_class=JsonBodyRoute,
         responses=problem_responses(400, 401, 413, 422, 429, 503),
     )
