@@ -25,11 +25,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from outbox.claims.api import claims_router
 from outbox.core.access import FailureThrottle, require_token_or_loopback
+from outbox.core.jsonroute import JsonBodyError
 from outbox.core.limits import BodyTooLarge, RequestLimits, too_large
 from outbox.core.logs import get_logger
 from outbox.core.problems import Problem, field_errors, json_response, problem_response
 from outbox.core.routes import RouteTable, load_routes
 from outbox.core.settings import Settings, get_settings
+from outbox.core.unexpected import UnexpectedErrors
 from outbox.ingest import admission
 from outbox.ingest.events import event_ingest, events_router
 from outbox.ingest.fastpath import Receiver
@@ -90,6 +92,8 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         redoc_url=None,
     )
     app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes)
+    # Added last, so outermost of ours: it answers what every handler let through.
+    app.add_middleware(UnexpectedErrors)
     if settings.api_docs:
         _serve_api_docs(app)
 
@@ -101,6 +105,8 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
     async def _http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
         if isinstance(error, BodyTooLarge):
             return problem_response(too_large(error.limit))
+        if isinstance(error, JsonBodyError):
+            return problem_response(error.problem)
         code = {400: "invalid_json", 404: "not_found", 405: "method_not_allowed"}.get(
             error.status_code, "error"
         )

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from outbox.claims import service
 from outbox.core import keys
 from outbox.core.access import FailureThrottle, require_token_or_loopback
+from outbox.core.jsonroute import JsonBodyRoute
 from outbox.core.labels import Label
 from outbox.core.logs import get_logger
 from outbox.core.problems import Problem, json_response, problem_responses
@@ -122,7 +123,9 @@ class DedupeRequest(BaseModel):
     workflow: Label | None = None
 
 
-KeyPath = Annotated[str, Path(min_length=1, max_length=255)]
+# The key in a path: held to the same rules, so a CR/LF or a control character never reaches
+# the log line that names the key (masked) or the store.
+KeyPath = Annotated[str, Path(min_length=1, max_length=255), AfterValidator(_client_key)]
 
 
 def claims_router(
@@ -146,6 +149,8 @@ def claims_router(
     router = APIRouter(
         prefix="/v1/claims",
         tags=["claims"],
+        # No lone surrogate in any string of a body, as on the events path (outbox.core.jsonbody).
+        route_class=JsonBodyRoute,
         dependencies=[Depends(authorize)],
         responses={
             409: json_response(

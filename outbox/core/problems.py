@@ -17,6 +17,7 @@ PROBLEM_JSON = "application/problem+json"
 
 TITLES: dict[str, str] = {
     "invalid_json": "The body is not JSON",
+    "invalid_unicode": "A string in the body is not Unicode text",
     "invalid_envelope": "The event envelope is malformed",
     "invalid_idempotency_key": "The Idempotency-Key header is not a valid key",
     "idempotency_key_reused": "This key was used with a different payload",
@@ -35,10 +36,12 @@ TITLES: dict[str, str] = {
     "source_not_allowed": "This source may not send events of this type",
     "missing_event_id": "No event id where the source says it is",
     "missing_event_type": "No event type where the source says it is",
+    "invalid_event_type": "The event type is not printable text",
     "headers_too_large": "The request's headers are larger than the limit",
     "unauthorized": "A valid bearer token is required",
     "too_many_failures": "Too many failed credentials from this address",
     "metrics_forbidden": "Metrics are for loopback clients or the metrics token",
+    "internal_error": "The request failed unexpectedly",
 }
 
 
@@ -90,7 +93,8 @@ PROBLEM_SCHEMA: dict[str, Any] = {
 }
 
 _DESCRIPTIONS = {
-    400: "Bad request (not JSON, an invalid or unsigned Idempotency-Key, no event id or type)",
+    400: "Bad request (not JSON, a string that is not Unicode, an invalid or unsigned "
+    "Idempotency-Key, no event id or type)",
     401: "Missing or invalid credentials or signature; nothing was stored",
     403: "Forbidden (the source may not send events of this type); nothing was stored",
     404: "Not found",

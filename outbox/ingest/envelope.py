@@ -6,6 +6,7 @@ from functools import cached_property
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic_core import PydanticCustomError
 
 from outbox.core import keys
 from outbox.core.labels import Label, LabelOrNumber
@@ -31,9 +32,19 @@ class Envelope(BaseModel):
 
     @field_validator("source", "event_type")
     @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not keys.normalize_text(value):
+    def _printable_name(cls, value: str) -> str:
+        # Both reach log lines and the event type a metric label: once normalized (every run
+        # of whitespace, CR/LF included, is one space), no control, format or private-use
+        # character may be left (an escape sequence, a NUL, a bidi override). Any script is
+        # fine: they never travel in a header.
+        text = keys.normalize_text(value)
+        if not text:
             raise ValueError("must contain a non-space character")
+        if not text.isprintable():
+            raise PydanticCustomError(
+                "name_not_printable",
+                "must be printable text: no control, format or private-use characters",
+            )
         return value
 
     @field_validator("external_id", "version")

@@ -12,6 +12,8 @@ from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from outbox.core.limits import headers_too_large, too_large
+from outbox.core.problems import problem_response
+from outbox.core.unexpected import unexpected
 
 EVENTS_PATH = "/v1/events"
 WEBHOOKS_PREFIX = "/v1/webhooks/"
@@ -60,9 +62,12 @@ class Receiver(FastAPI):
             response = await handler(request)
         except Exception as error:
             handler = self._exception_handler(error)
+            # What no handler answers gets the framework path's last answer (a 500 problem
+            # and one log line), not the server's plain text and traceback.
             if handler is None:
-                raise
-            response = await handler(request, error)
+                response = problem_response(unexpected(error))
+            else:
+                response = await handler(request, error)
         await response(scope, receive, send)
 
     def _exception_handler(self, error: Exception) -> Any:

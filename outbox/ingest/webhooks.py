@@ -95,6 +95,15 @@ def provider_event(
         raise Problem(400, "invalid_json", "The body is not a JSON object.")
     event_id = _required("event_id", source.event_id_at, document, headers)
     event_type = _required("event_type", source.event_type_at, document, headers).casefold()
+    if not event_type.isprintable():
+        # It reaches log lines and a metric label (outbox.ingest.envelope says the same).
+        raise Problem(
+            400,
+            "invalid_event_type",
+            f"The event type at {source.event_type_at!r} holds a control, format or "
+            "private-use character. Nothing was stored.",
+            location=source.event_type_at,
+        )
     external_id = event_id
     if source.external_id is not None:
         external_id = read_field(source.external_id, document, headers) or event_id

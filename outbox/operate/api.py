@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine
 
 from outbox.core.access import FailureThrottle, require_bearer
+from outbox.core.jsonroute import JsonBodyRoute
+from outbox.core.labels import Label
 from outbox.core.logs import get_logger
 from outbox.core.problems import Problem, problem_responses
 from outbox.core.routes import RouteTable
@@ -57,7 +59,8 @@ def operator_router(
     def authorize(
         request: Request,
         authorization: Annotated[str | None, Header()] = None,
-        x_operator: Annotated[str | None, Header(max_length=100)] = None,
+        # In the audit trail and log lines: a label (outbox.core.labels), at most 100 long.
+        x_operator: Annotated[Label | None, Header(max_length=100)] = None,
     ) -> str:
         """The operator's name for the audit trail, once the token checks out."""
         expected = settings.operator_token
@@ -74,6 +77,8 @@ def operator_router(
     router = APIRouter(
         prefix="/v1",
         tags=["operators"],
+        # No lone surrogate in any string of a body, as on the events path (outbox.core.jsonbody).
+        route_class=JsonBodyRoute,
         responses=problem_responses(400, 401, 413, 422, 429, 503),
     )
     secret = replay.confirm_secret(settings)

@@ -60,3 +60,29 @@ def test_console_lines_carry_no_colour_codes_off_a_terminal() -> None:
     log = _log("console")
     assert "gateway.line" in log
     assert "\x1b[" not in log
+
+
+FORGING = """
+import sys
+from outbox.core.logs import configure_logging, get_logger
+configure_logging(sys.argv[1], "INFO")
+forged = 'x"}\\r\\n{"event": "forged", "log_level": "error"}\\n[error ] forged\\u2028\\x1b[2J'
+get_logger("idem").info("gateway.line", correlation_id=forged, event_type=forged)
+"""
+
+
+@pytest.mark.parametrize("log_format", ["console", "json"])
+def test_a_line_break_in_a_value_cannot_forge_a_log_line(log_format: str) -> None:
+    """A value holding CR, LF, U+2028 and an escape sequence stays inside its one line, in
+    either format: the JSON renderer escapes it, the console renderer writes its repr."""
+    done = subprocess.run(
+        [sys.executable, "-c", FORGING, log_format],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, lines
+    assert "gateway.line" in lines[0]
+    assert "\x1b" not in done.stderr

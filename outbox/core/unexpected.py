@@ -1,0 +1,57 @@
+"""The last answer: an exception no handler answers becomes a problem document, not a traceback.
+
+Without it, Starlette's outermost middleware answers such an exception with a plain-text 500
+and re-raises it, so the server writes the whole traceback (kilobytes, with the request's
+values in its frames' text) to the log. Here the answer is `500 internal_error` as
+problem+json, and the log gets one line: the exception's type and where it was raised. Every
+expected failure (bad input, an outage) has its own handler and never gets this far.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from outbox.core.logs import get_logger
+from outbox.core.problems import Problem, problem_response
+
+log = get_logger(__name__)
+
+
+def unexpected(error: BaseException) -> Problem:
+    """Log `error` in one line and return the 500 to answer it with."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"
+    log.error("request.failed", error=type(error).__name__, at=where)
+    return Problem(
+        500, "internal_error", "The request failed unexpectedly; it was logged. Retry later."
+    )
+
+
+class UnexpectedErrors:
+    """ASGI middleware, innermost to Starlette's own error middleware: answers what escapes
+    the app's exception handlers (module docstring)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as error:
+            problem = unexpected(error)
+            # Once the answer has begun, the server can only cut the connection.
+            if not started:
+                await problem_response(problem)(scope, receive, send)
