@@ -521,6 +521,19 @@ class Stack:
         return (self.log_dir / f"{name}.log").read_text(errors="replace")
 
 
+def refused_start(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`idem serve` run with `env` on a port nothing uses, expected to stop before it binds
+    (its exit status and stderr, for the test to judge)."""
+    return subprocess.run(
+        [sys.executable, "-m", "outbox.cli", "serve", "--port", str(free_port())],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def envelope(
     external_id: str, event_type: str = "crm.lead.created", **extra: Any
 ) -> dict[str, Any]:
