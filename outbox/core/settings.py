@@ -133,8 +133,9 @@ class Settings(BaseSettings):
     replay_secret: str = ""
     # The bearer token of the receiver's /metrics. Unset: /metrics answers loopback clients only.
     metrics_token: str = ""
-    # Failed bearer tokens and console sign-ins allowed per client address within the window,
-    # then 429 until the oldest leaves it: a handful of typos pass, guessing does not.
+    # Wrong bearer tokens and console sign-ins allowed per client address within the window,
+    # then that address's wrong ones get 429 until the oldest leaves it (a right one always
+    # passes): a handful of typos pass quietly; the tokens' length is what defeats guessing.
     auth_failure_limit: int = Field(default=10, ge=1)
     auth_failure_window_seconds: float = Field(default=300.0, gt=0)
     # /docs, /redoc and /openapi.json: off in production (they map the attack surface), on
