@@ -19,6 +19,7 @@ from typing import Any
 import uvicorn
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from outbox.core.connections import server_options
 from outbox.core.settings import get_settings
 from outbox.core.wire import PROCESS_TASK
 from outbox.store.engines import create_receiver_engine
@@ -112,6 +113,7 @@ def main() -> None:
         log_config=None,
         access_log=False,
         server_header=False,
+        **server_options(get_settings()),
     )
 
 

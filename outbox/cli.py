@@ -50,8 +50,14 @@ def serve(
     """Run the HTTP receiver."""
     import uvicorn
 
+    from outbox.core.connections import ProxyTrustError, server_options
+
     settings = load_settings()
     host, port = host or settings.host, port or settings.port
+    try:
+        bounds = server_options(settings)
+    except ProxyTrustError as error:
+        fail(str(error))
     # uvicorn's own start-up lines are left out (outbox/core/logs.py); a port already taken
     # is still its ERROR line.
     log.info("receiver.starting", url=f"http://{host}:{port}", workers=workers)
@@ -64,6 +70,7 @@ def serve(
         log_config=None,
         access_log=False,
         server_header=False,
+        **bounds,
     )
 
 

@@ -549,6 +549,18 @@ def other_receiver(stack: Stack, log_dir: Path, **settings: str) -> Iterator[Sta
     finally:
         receiver.stop_all()
 
+def refused_start(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`idem serve` run with `env` on a port nothing uses, expected to stop before it binds
+    (its exit status and stderr, for the test to judge)."""
+    return subprocess.run(
+        [sys.executable, "-m", "outbox.cli", "serve", "--port", str(free_port())],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
 
 def envelope(
     external_id: str, event_type: str = "crm.lead.created", **extra: Any

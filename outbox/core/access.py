@@ -1,13 +1,22 @@
-"""Who may call: the client's address, bearer tokens, and a throttle on failed credentials.
+"""Who may call: the client's address, bearer tokens, and a throttle on wrong credentials.
 
-Guessing a token costs the guesser: after AUTH_FAILURE_LIMIT wrong bearer tokens or console
-sign-ins from one client address within AUTH_FAILURE_WINDOW_SECONDS, that address gets 429 with
-Retry-After from every endpoint that takes a credential, right token or not, until its oldest
-failure leaves the window. The count is kept in the receiver process (each process counts its
-own, so N processes allow N times the limit), for at most MAX_TRACKED_ADDRESSES addresses.
+A presented credential is compared first, in constant time, and a right one is always let
+through: a throttle that refused the right token would let anyone who can reach the receiver
+lock workflows and operators out with a few wrong guesses from behind the same proxy. Guessing
+is bounded by the tokens' entropy instead (at least 32 characters, checked at start-up: far
+beyond any online guessing, throttled or not).
+
+The throttle bounds the noise and slows guessing per address: after AUTH_FAILURE_LIMIT wrong
+bearer tokens or console sign-ins from one client address within AUTH_FAILURE_WINDOW_SECONDS,
+that address's wrong credentials are answered 429 with Retry-After (clients that honour it
+stop) until fewer than the limit remain in the window; every wrong one is counted, so an
+address that keeps guessing stays limited. A missing credential is not counted. The count is
+kept in the receiver process (each process counts its own, so N processes allow N times the
+limit), for at most MAX_TRACKED_ADDRESSES addresses.
 
 The client's address is the connection's, or the one a trusted proxy forwarded (uvicorn's
-FORWARDED_ALLOW_IPS); refusals are logged with it, never with the token.
+FORWARDED_ALLOW_IPS, named proxies only: outbox/core/connections.py), so a lockout is per
+client behind the proxy, not per proxy; refusals are logged with it, never with the token.
 """
 
 from __future__ import annotations
@@ -102,8 +111,10 @@ class FailureThrottle:
             return None
         return max(1, math.ceil(failures[0] + self.window - now))
 
-    def failed(self, address: str) -> None:
-        """Count one failed credential from this address."""
+    def failed(self, address: str) -> int | None:
+        """Count one wrong credential from this address; the seconds until it may try again
+        when that makes it one too many (past `limit` within the window), else None."""
+        over = self.retry_after(address) is not None
         now = self._clock()
         failures = self._recent(address, now)
         if failures is None:
@@ -113,6 +124,7 @@ class FailureThrottle:
         else:
             self._failures.move_to_end(address)
         failures.append(now)
+        return self.retry_after(address) if over else None
 
 
 def too_many_failures(retry_after: int) -> Problem:
@@ -128,19 +140,18 @@ def too_many_failures(retry_after: int) -> Problem:
 def require_bearer(
     request: Request, expected: Tokens, throttle: FailureThrottle, realm: str
 ) -> None:
-    """Let the request through only with `Authorization: Bearer <one of expected>`: 429 while
-    its address is throttled, else 401 (a wrong token counts as a failure, a missing one
-    not)."""
-    address = client_address(request)
-    wait = throttle.retry_after(address)
-    if wait is not None:
-        log.warning("auth.throttled", client=address, realm=realm, retry_after=wait)
-        raise too_many_failures(wait)
+    """Let the request through only with `Authorization: Bearer <one of expected>`, whatever
+    the throttle says; a wrong token is counted and answered 401, or 429 once its address is
+    past the limit; a missing one is 401 and not counted."""
     given = bearer_token(request.headers.get("authorization"))
     if given is not None and same_token(expected, given):
         return
+    address = client_address(request)
     if given is not None:
-        throttle.failed(address)
+        wait = throttle.failed(address)
+        if wait is not None:
+            log.warning("auth.throttled", client=address, realm=realm, retry_after=wait)
+            raise too_many_failures(wait)
     log.warning("auth.refused", client=address, realm=realm, token_given=given is not None)
     raise Problem(
         401,

@@ -3,8 +3,9 @@
 A body is refused with 413 as soon as it is known to be too large: at once when Content-Length
 says so, otherwise (a chunked upload) on the first chunk past the limit, so no endpoint ever
 holds more than the limit in memory. Headers larger than MAX_HEADER_BYTES in total get 431
-before any endpoint looks at them (uvicorn's h11 parser stops near the same size, its
-httptools parser does not).
+before any endpoint looks at them; a header block that passes twice that before it ends is
+answered 431 by the server itself, as it arrives (`connections.BoundedHttpToolsProtocol`), so
+the parser holds at most that plus one read of the socket.
 
 `RequestLimits` applies both to every request that goes through the framework; the events
 path, which is taken ahead of it (`fastpath.Receiver`), checks the headers with

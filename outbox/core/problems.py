@@ -38,6 +38,8 @@ TITLES: dict[str, str] = {
     "missing_event_type": "No event type where the source says it is",
     "invalid_event_type": "The event type is not printable text",
     "headers_too_large": "The request's headers are larger than the limit",
+    "headers_timeout": "The request's headers did not arrive in time",
+    "server_busy": "The receiver is serving all the connections it takes at once",
     "unauthorized": "A valid bearer token is required",
     "too_many_failures": "Too many failed credentials from this address",
     "metrics_forbidden": "Metrics are for loopback clients or the metrics token",

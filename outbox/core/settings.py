@@ -39,6 +39,22 @@ class Settings(BaseSettings):
     # The receiver's connections, all opened on demand and kept: a fixed pool, because
     # connections opened for a burst and closed after it cost a server process each.
     db_pool_size: int = Field(default=20, ge=1)
+    # Connections, bounded before the app sees them (outbox/core/connections.py). A request's
+    # headers must arrive within this long of its first byte (of the connection's opening,
+    # for the first request): any real client sends them in one packet; a slow sender is
+    # cut off instead of holding a connection for as long as it likes.
+    header_read_timeout_seconds: float = Field(default=10.0, gt=0)
+    # Open connections served at once per receiver process; a request on one more is answered
+    # 503 server_busy. A proxy in front reuses tens of connections; 512 leaves room for the
+    # database pool and the logs under a 1 024 open-file limit.
+    max_connections: int = Field(default=512, ge=1)
+    # An idle keep-alive connection is closed after this long (uvicorn's default); a proxy in
+    # front must close its idle upstream connections sooner.
+    keep_alive_seconds: float = Field(default=5.0, gt=0)
+    # The reverse proxies whose X-Forwarded-For is trusted (addresses or networks, comma-
+    # separated): the client address that the throttle, logs and loopback checks use. Never
+    # `*`: a client could then name any address, 127.0.0.1 included.
+    forwarded_allow_ips: str = "127.0.0.1"
 
     # The relay. Polling is the fallback for a lost NOTIFY; one second bounds the extra latency.
     relay_poll_seconds: float = Field(default=1.0, gt=0)
@@ -117,8 +133,9 @@ class Settings(BaseSettings):
     replay_secret: str = ""
     # The bearer token of the receiver's /metrics. Unset: /metrics answers loopback clients only.
     metrics_token: str = ""
-    # Failed bearer tokens and console sign-ins allowed per client address within the window,
-    # then 429 until the oldest leaves it: a handful of typos pass, guessing does not.
+    # Wrong bearer tokens and console sign-ins allowed per client address within the window,
+    # then that address's wrong ones get 429 until the oldest leaves it (a right one always
+    # passes): a handful of typos pass quietly; the tokens' length is what defeats guessing.
     auth_failure_limit: int = Field(default=10, ge=1)
     auth_failure_window_seconds: float = Field(default=300.0, gt=0)
     # /docs, /redoc and /openapi.json: off in production (they map the attack surface), on

@@ -4,8 +4,9 @@ With OPERATOR_TOKEN unset the console is disabled (503 everywhere). Otherwise a 
 valid session cookie that was not signed out (else 303 to the sign-in page), and a
 state-changing POST also needs the session's CSRF token (else 403, nothing changed). Failed
 sign-ins count against the client's address with the operator API's failed tokens: past the
-limit, sign-in answers 429 with Retry-After (outbox/core/access.py). Signing out revokes the session
-in the database, so a copy of the cookie stops working too.
+limit, a wrong token answers 429 with Retry-After; the right one always signs in
+(outbox/core/access.py). Signing out revokes the session in the database, so a copy of the
+cookie stops working too.
 """
 
 from __future__ import annotations
@@ -137,22 +138,22 @@ def add_auth_routes(router: APIRouter, gate: Gate) -> None:
         if not gate.token:
             return gate.disabled(request)
         address = client_address(request)
-        wait = gate.throttle.retry_after(address)
-        if wait is not None:
-            log.warning("console.sign_in_throttled", client=address, retry_after=wait)
-            page = message_page(
-                request,
-                429,
-                "Too many attempts",
-                f"Too many failed sign-ins from your address. Try again in {wait} seconds.",
-            )
-            page.headers["Retry-After"] = str(wait)
-            return page
         form = await read_form(request)
         given = form.get("token")
         next_page = safe_next(request, str(form.get("next") or ""))
         if not isinstance(given, str) or not token_matches(gate.token, given):
-            gate.throttle.failed(address)
+            # Compared first: the right token signs in whatever the throttle says.
+            wait = gate.throttle.failed(address)
+            if wait is not None:
+                log.warning("console.sign_in_throttled", client=address, retry_after=wait)
+                page = message_page(
+                    request,
+                    429,
+                    "Too many attempts",
+                    f"Too many failed sign-ins from your address. Try again in {wait} seconds.",
+                )
+                page.headers["Retry-After"] = str(wait)
+                return page
             log.warning("console.sign_in_refused", client=address)
             return render(
                 request,

@@ -34,6 +34,21 @@ def test_an_address_is_held_until_its_oldest_failure_leaves_the_window() -> None
     assert throttle.retry_after("a") is None
 
 
+def test_only_failures_past_the_limit_are_told_to_wait_and_guessing_keeps_an_address_held() -> None:
+    """`failed` answers None for the first three failures and the wait for the fourth; each
+    further failure is counted, so the wait runs from the oldest of the last three."""
+    clock = Clock()
+    throttle = FailureThrottle(3, 60, clock=clock)
+    answers = []
+    for step in (0, 10, 20, 30):
+        clock.now = 1000.0 + step
+        answers.append(throttle.failed("a"))
+    assert answers == [None, None, None, 40]
+    clock.now = 1065.0
+    assert throttle.failed("a") == 15
+    assert throttle.failed("b") is None
+
+
 def test_the_throttle_forgets_the_oldest_addresses_beyond_its_capacity() -> None:
     """Memory stays bounded: past `max_addresses`, the least recently failing address goes."""
     throttle = FailureThrottle(1, 60, clock=Clock(), max_addresses=2)
