@@ -549,6 +549,7 @@ def other_receiver(stack: Stack, log_dir: Path, **settings: str) -> Iterator[Sta
     finally:
         receiver.stop_all()
 
+
 def refused_start(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """`idem serve` run with `env` on a port nothing uses, expected to stop before it binds
     (its exit status and stderr, for the test to judge)."""
