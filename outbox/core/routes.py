@@ -268,7 +268,7 @@ class Source(BaseModel):
     @model_validator(mode="after")
     def _signs_and_locates(self) -> Source:
         if not self.all_secrets:
-            raise ValueError("a source needs `secret` or `secrets`")
+            raise ValueError(f"source {self.name!r} needs `secret` or `secrets` (set, not empty)")
         if self.scheme != "hmac" and (
             self.signature_header != "X-Idem-Signature"
             or self.timestamp_header != "X-Idem-Timestamp"
