@@ -18,7 +18,7 @@ from bench.load import Result, Spec
 from bench.report import Check
 
 CONCURRENCY = 32
-SECRET = "whsec_bench_0123456789abcdef"
+SECRET = "whsec_bench_0123456789abcdef-stripe"
 STRIPE_SOURCE = f"""
 [[sources]]
 name = "stripe"

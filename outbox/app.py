@@ -58,7 +58,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
 
     # One registry for /metrics: the receiver's counters and the database's state at scrape.
     registry = CollectorRegistry()
-    metrics = EventCounters(registry)
+    metrics = EventCounters(registry, routes)
     registry.register(DatabaseCollector(sync_engine, routes))
     known_sources = admission.sources(settings, routes)
     signers = admission.signers(settings, known_sources)

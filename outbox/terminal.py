@@ -23,7 +23,7 @@ from outbox.core.logs import configure_logging
 from outbox.core.routes import RoutesError, load_routes
 from outbox.core.settings import Settings, get_settings
 from outbox.core.timeouts import TimingError, check_timing
-from outbox.core.tokens import TokenError, check_tokens, configured_tokens
+from outbox.core.tokens import TokenError, check_settings
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -45,7 +45,7 @@ def load_settings(*, need_servers: bool = True, sources: bool = True) -> Setting
     if need_servers and not settings.redis_url:
         fail("REDIS_URL is not set (or use `idem dev`, which starts embedded servers)")
     try:
-        check_tokens(configured_tokens(settings))
+        check_settings(settings)
         check_timing(settings, load_routes(settings.routes_file, sources=sources))
     except (RoutesError, TimingError, TokenError) as error:
         fail(str(error))

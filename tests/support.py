@@ -31,13 +31,13 @@ ROOT = Path(__file__).resolve().parent.parent
 OPERATOR_TOKEN = "test-operator-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 CLAIMS_TOKEN = "test-claims-token-0123456789abcdef-xyz"
-WEBHOOK_SECRET = "whsec_test_0123456789abcdef"
+WEBHOOK_SECRET = "whsec_test_0123456789abcdef-signed-source"
 # The providers' sources in the test routes file (`write_routes`): name -> (scheme, secret).
 PROVIDER_SECRETS = {
     "acme": ("standard", "whsec_dGVzdCBrZXkgYnl0ZXMgZm9yIGFjbWUgaG9va3M="),
-    "stripe": ("stripe", "whsec_stripe_test_0123456789"),
-    "github": ("github", "github-test-secret-0123456789"),
-    "shopify": ("shopify", "shopify-test-secret-0123456789"),
+    "stripe": ("stripe", "whsec_stripe_test_0123456789abcdef"),
+    "github": ("github", "github-test-secret-0123456789abcdef"),
+    "shopify": ("shopify", "shopify-test-secret-0123456789abcdef"),
 }
 
 
@@ -243,6 +243,8 @@ class Downstream:
                     downstream.requests.append(
                         {
                             "key": key,
+                            # With the query: a route's URL may carry one.
+                            "path": self.path,
                             "body": body,
                             # The bytes as received, for checking a signature over them.
                             "raw": raw,

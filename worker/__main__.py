@@ -28,6 +28,7 @@ from outbox.core.logs import configure_logging, get_logger  # noqa: E402
 from outbox.core.routes import RoutesError  # noqa: E402
 from outbox.core.settings import Settings, get_settings  # noqa: E402
 from outbox.core.timeouts import TimingError  # noqa: E402
+from outbox.core.tokens import TokenError, check_settings  # noqa: E402
 from outbox.core.wire import TASK_QUEUE  # noqa: E402
 from outbox.store.connections import ConnectionBudgetError, check_budget, worker_budget  # noqa: E402
 from outbox.store.engines import create_sync_engine  # noqa: E402
@@ -68,18 +69,20 @@ def main(argv: list[str] | None = None) -> None:
     # configures logging again the same way when it starts (worker/app.py, setup_logging).
     configure_logging(settings.log_format, settings.log_level)
     try:
+        check_settings(settings)
+        _check_metrics_exposure(settings)
         app = create_worker_app(settings)
         _check_connections(settings)
-    except (RoutesError, TimingError, ConnectionBudgetError) as error:
+    except (RoutesError, TimingError, TokenError, ConnectionBudgetError) as error:
         print(f"idem: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     if settings.worker_metrics_port:
-        port = settings.worker_metrics_port
-        refused = metrics.serve(port)
+        host, port = settings.worker_metrics_host, settings.worker_metrics_port
+        refused = metrics.serve(port, host, settings.metrics_token)
         if refused is None:
-            log.info("worker.metrics", port=port, served=True)
+            log.info("worker.metrics", host=host, port=port, served=True)
         else:
-            log.warning("worker.metrics", port=port, served=False, reason=refused)
+            log.warning("worker.metrics", host=host, port=port, served=False, reason=refused)
 
     asked = threading.Event()
 
@@ -118,6 +121,14 @@ def main(argv: list[str] | None = None) -> None:
     if not asked.is_set():
         log.error("worker.stopped_by_itself", celery_status=str(celery_status), exit_status=status)
     raise SystemExit(status)
+
+
+def _check_metrics_exposure(settings: Settings) -> None:
+    """Refuse to serve metrics beyond this machine without a token (worker/metrics.py)."""
+    if settings.worker_metrics_port:
+        refusal = metrics.exposure_refusal(settings.worker_metrics_host, settings.metrics_token)
+        if refusal is not None:
+            raise TokenError(refusal)
 
 
 def _check_connections(settings: Settings) -> None:

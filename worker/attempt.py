@@ -42,7 +42,7 @@ from outbox.core.routes import Route, RouteTable
 from worker.actions import ActionContext, ActionResult, get_action, get_reconciler
 from worker.errors import Failure, classify
 from worker.guard import Admitted, Held, RouteGuard
-from worker.instruments import ACTION_SECONDS, ATTEMPTS, RECONCILED
+from worker.instruments import ACTION_SECONDS, ATTEMPTS, OTHER_ROUTE, RECONCILED
 from worker.lease import Heartbeat
 from worker.outcomes import (
     DeadLetter,
@@ -141,7 +141,8 @@ def run_attempt(
     if isinstance(outcome, Deferred):
         error_code = outcome.reason
     ATTEMPTS.labels(result, error_code).inc()
-    ACTION_SECONDS.labels(claim.route).observe(elapsed)
+    # The configured route's label: a key's stored route may name one no longer configured.
+    ACTION_SECONDS.labels(route.label if route is not None else OTHER_ROUTE).observe(elapsed)
     return result
 
 

@@ -1,4 +1,9 @@
-"""The worker's counters and histogram (created after `metrics.prepare_directory`)."""
+"""The worker's counters and histogram (created after `metrics.prepare_directory`).
+
+Every label value comes from the configuration or from the gateway's own closed sets: a route
+is a configured route's label (OTHER_ROUTE for a key whose route is no longer configured), an
+error code is one the classifier or an action names (worker/errors.py), never a sender's text.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,9 @@ ATTEMPTS = Counter(
     "error code (empty when none).",
     ["outcome", "error_code"],
 )
+OTHER_ROUTE = "other"
+"""The route label of a key whose stored route the routes file no longer has."""
+
 ACTION_SECONDS = Histogram(
     "idem_action_seconds",
     "Time from claim to recorded outcome, by route.",

@@ -76,6 +76,16 @@ QUIET_LIBRARIES = (
     # The worker's broker address on each connection; a lost connection is a WARNING or an
     # ERROR and still shows (the worker's "ready." line stays: tools wait for it).
     "celery.worker.consumer.connection",
+    # HTTP clients log each request line with its full URL (httpx at INFO, httpcore and
+    # urllib3 at DEBUG), and a route's URL may carry a credential in its query
+    # (`?api_key=${CRM_KEY}`) or its userinfo: below WARNING at any LOG_LEVEL. The worker
+    # logs each attempt itself (`attempt.finished`), with the route's name, never its URL.
+    "httpx",
+    "httpcore",
+    "urllib3",
+    # Broker connection narration (kombu logs the broker's address, with its password masked
+    # but its host and database, at INFO and DEBUG); its warnings and errors still show.
+    "kombu",
 )
 
 

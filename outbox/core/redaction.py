@@ -1,13 +1,16 @@
 """Keeping credentials out of what operators and logs see.
 
 Error details may quote a header or a query string; payloads may carry a password or a token.
-Both pass through here before they are stored in a dead letter or shown to an operator.
+Both pass through here before they are stored in a dead letter or shown to an operator. A
+route's URL may carry a credential in its userinfo or its query (`?api_key=${CRM_KEY}`): where
+it is shown, only its host is (`url_host`).
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 SECRET_NAMES = re.compile(
     r"(?i)^(authorization|proxy-authorization|cookie|set-cookie|x-api-key|api[_-]?key|"
@@ -49,3 +52,17 @@ def mask_secrets(value: Any) -> Any:
     if isinstance(value, list):
         return [mask_secrets(v) for v in value]
     return value
+
+
+def url_host(url: str) -> str:
+    """The host (and port) of a URL, without the userinfo, path, query or fragment that may
+    carry a credential; "?" when it has none."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return "?"
+    if not host:
+        return "?"
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{port}" if port is not None else host

@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from outbox.core import standard_webhooks
+from outbox.core import standard_webhooks, strength
 from outbox.core.keys import normalize_text
 
 DAY = 86_400
@@ -38,6 +38,8 @@ def _is_glob(pattern: str) -> bool:
 
 STANDARD_PREFIX = standard_webhooks.PREFIX
 """A Standard Webhooks secret's prefix; the source checks its secrets decode at load."""
+STANDARD_HOW_TO = "echo whsec_$(openssl rand -base64 32)"
+"""A Standard Webhooks secret of 32 random bytes, from a shell."""
 
 
 def standard_key(secret: str) -> bytes:
@@ -50,17 +52,6 @@ def standard_key(secret: str) -> bytes:
         raise ValueError("a `standard` secret is whsec_ followed by base64") from error
 
 
-# Standard Webhooks asks for 24 to 64 random bytes; a shorter key is a typo or a placeholder.
-MIN_SIGNING_KEY_BYTES = 24
-
-
-def _signing_key(secret: str) -> bytes:
-    try:
-        return standard_webhooks.decode_secret(secret)
-    except ValueError as error:
-        raise ValueError("a `signing_secret` is whsec_ followed by base64") from error
-
-
 class RoutesError(Exception):
     """The routes file is missing, unreadable or invalid; the message says where."""
 
@@ -68,7 +59,8 @@ class RoutesError(Exception):
 class Route(BaseModel):
     """One `[[routes]]` table of the routes file."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A URL or a secret may be among the input: an error names the field, never its value.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     match: Annotated[str, Field(min_length=1)]
     name: str = ""
@@ -182,10 +174,12 @@ class Route(BaseModel):
         if self.all_signing_secrets and self.action != "http":
             raise ValueError("`signing_secret` belongs to an http route")
         for secret in self.all_signing_secrets:
-            if len(_signing_key(secret)) < MIN_SIGNING_KEY_BYTES:
+            reason = strength.standard_weakness(secret)
+            if reason:
                 raise ValueError(
-                    f"a `signing_secret` key is {MIN_SIGNING_KEY_BYTES} bytes at least"
-                    " (Standard Webhooks: 24 to 64)"
+                    f"route {self.label!r}: a `signing_secret` {reason} (Standard Webhooks: "
+                    f"whsec_ and the base64 of {strength.MIN_STANDARD_KEY_BYTES} to 64 random "
+                    "bytes)"
                 )
         if self.circuit_cooldown_cap_seconds < self.circuit_cooldown_seconds:
             raise ValueError("`circuit_cooldown_cap_seconds` must be >= `circuit_cooldown_seconds`")
@@ -251,13 +245,15 @@ class Source(BaseModel):
     """A `[[sources]]` table: a webhook source that must sign its requests, and where its
     events' id and type are when it posts to `/v1/webhooks/{name}`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A URL or a secret may be among the input: an error names the field, never its value.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     name: Annotated[str, Field(min_length=1)]
     scheme: SchemeName = "hmac"
     # One secret, or several (a rotation: every one is accepted until it is removed).
-    secret: Annotated[str, Field(min_length=16)] | None = None
-    secrets: list[Annotated[str, Field(min_length=16)]] = Field(default_factory=list)
+    # Each as strong as `outbox.core.strength` asks (a `standard` one judged on its key).
+    secret: str | None = None
+    secrets: list[str] = Field(default_factory=list)
     # `hmac` only: the header names.
     signature_header: str = "X-Idem-Signature"
     timestamp_header: str = "X-Idem-Timestamp"
@@ -272,7 +268,7 @@ class Source(BaseModel):
     @model_validator(mode="after")
     def _signs_and_locates(self) -> Source:
         if not self.all_secrets:
-            raise ValueError("a source needs `secret` or `secrets`")
+            raise ValueError(f"source {self.name!r} needs `secret` or `secrets` (set, not empty)")
         if self.scheme != "hmac" and (
             self.signature_header != "X-Idem-Signature"
             or self.timestamp_header != "X-Idem-Timestamp"
@@ -280,9 +276,14 @@ class Source(BaseModel):
             raise ValueError("only an `hmac` source names its own signature headers")
         for name in ("event_id", "event_type", "external_id", "version"):
             _check_location(getattr(self, name), name)
-        if self.scheme == "standard":
-            for secret in self.all_secrets:
-                standard_key(secret)
+        judge = strength.standard_weakness if self.scheme == "standard" else strength.weakness
+        for secret in self.all_secrets:
+            reason = judge(secret)
+            if reason:
+                raise ValueError(
+                    f"source {self.name!r}: a secret {reason}; make one with: "
+                    + (STANDARD_HOW_TO if self.scheme == "standard" else strength.HOW_TO_MAKE_ONE)
+                )
         return self
 
     @property
@@ -305,7 +306,7 @@ class Source(BaseModel):
 
 
 class RoutesFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     routes: list[Route] = Field(min_length=1)
     sources: list[Source] = Field(default_factory=list)
@@ -330,6 +331,11 @@ class RouteTable:
             if fnmatch.fnmatchcase(event_type, route.match.casefold()):
                 return route
         return None
+
+    def named_event_types(self) -> frozenset[str]:
+        """The event types the file names exactly (globs name none): the only ones that may
+        become a metric label, since a glob or a catch-all takes any type a sender invents."""
+        return frozenset(self._exact)
 
     def by_label(self, label: str) -> Route | None:
         """The route an accepted key was stored with (keys remember the route's label)."""

@@ -141,8 +141,11 @@ class Settings(BaseSettings):
     # /docs, /redoc and /openapi.json: off in production (they map the attack surface), on
     # under `idem dev`.
     api_docs: bool = False
-    # Worker metrics (Prometheus) are served on this port by the worker's main process.
+    # Worker metrics (Prometheus) are served on this port by the worker's main process (0:
+    # not served), on this machine only unless WORKER_METRICS_HOST names another interface;
+    # then METRICS_TOKEN is required, or the worker refuses to start (worker/metrics.py).
     worker_metrics_port: int = Field(default=9808, ge=0)
+    worker_metrics_host: str = "127.0.0.1"
 
     # The relay and the sweeper touch this file on every turn of their loop; `idem alive`
     # checks that it is recent (container healthchecks). Unset: no file.

@@ -11,13 +11,14 @@ from __future__ import annotations
 from outbox.core.problems import Problem
 from outbox.core.routes import Route, RouteTable, Source
 from outbox.core.settings import Settings
+from outbox.core.tokens import parse_secrets
 from outbox.ingest.provider_signatures import (
     GithubSigner,
     ShopifySigner,
     StandardSigner,
     StripeSigner,
 )
-from outbox.ingest.signatures import HmacSigner, Signer, parse_secrets
+from outbox.ingest.signatures import HmacSigner, Signer
 
 
 def signer_for(source: Source, default_tolerance: int) -> Signer:
@@ -40,8 +41,8 @@ def signer_for(source: Source, default_tolerance: int) -> Signer:
 def sources(settings: Settings, routes: RouteTable) -> dict[str, Source]:
     """Every signing source by normalized name: WEBHOOK_SECRETS (scheme `hmac`), then the
     routes file's `[[sources]]` tables, which win over a name both define."""
-    # Built without validation: WEBHOOK_SECRETS never had the file's minimum secret length,
-    # and a deployment that worked before must keep working.
+    # Built without validation: each process checked WEBHOOK_SECRETS' strength at start
+    # (`outbox.core.tokens.check_settings`), and a `Source` would ask for a scheme's format.
     found = {
         name: Source.model_construct(name=name, secrets=list(secrets))
         for name, secrets in parse_secrets(settings.webhook_secrets).items()

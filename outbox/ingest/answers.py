@@ -43,7 +43,7 @@ def respond(
                     violations=list(event.contract_violations),
                 )
             else:
-                metrics.accepted.labels(event_type).inc()
+                metrics.accepted.labels(metrics.event_type_label(event_type)).inc()
                 bound.info("event.accepted", transition="-> pending", route=event.route)
             return JSONResponse(
                 {

@@ -155,16 +155,3 @@ class HmacSigner:
         if v1 and any_equal((hmac_sha256(s, v1_base, body).hex().encode() for s in secrets), v1):
             return Verified(covers_key=False)
         raise unauthorized("invalid_signature", "The signature does not match the body.")
-
-
-def parse_secrets(value: str) -> dict[str, tuple[str, ...]]:
-    """`"stripe=whsec_1,shop=s3cr3t,shop=n3w"` → {"stripe": ("whsec_1",), "shop": ("s3cr3t",
-    "n3w")}: a source named twice has both secrets (a rotation)."""
-    found: dict[str, tuple[str, ...]] = {}
-    for item in filter(None, (part.strip() for part in value.split(","))):
-        name, sep, secret = item.partition("=")
-        if not sep or not name.strip() or not secret:
-            raise ValueError("WEBHOOK_SECRETS is a comma-separated list of source=secret")
-        source = name.strip().casefold()
-        found[source] = (*found.get(source, ()), secret)
-    return found

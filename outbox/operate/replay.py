@@ -36,12 +36,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import Connection, Engine, RowMapping
 
 from outbox.core import keys
+from outbox.core.redaction import url_host
 from outbox.core.routes import RouteTable
 from outbox.core.timewindow import glob_to_like, parse_instant
 from outbox.core.wire import PROCESS_TASK
@@ -386,7 +386,7 @@ def _target(routes: RouteTable, label: str) -> str:
     if route is None:
         return f"{label} (route gone)"
     if route.action == "http" and route.url:
-        return f"http {urlsplit(route.url).netloc}"
+        return f"http {url_host(route.url)}"
     if route.action == "python":
         return f"python {route.function}"
     return route.action

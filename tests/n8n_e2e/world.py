@@ -42,7 +42,7 @@ from tests.support import (
 EXAMPLES = ROOT / "examples" / "n8n"
 ARTIFACTS = ROOT / "test-artifacts" / "n8n-e2e"
 SOURCE = "webform"
-SIGNING_SECRET = "whsec_n8n_e2e_0123456789abcdef"
+SIGNING_SECRET = "whsec_n8n_e2e_0123456789abcdef-source"
 ROTATED_SECRET = "whsec_n8n_e2e_rotated_fedcba9876"
 # The `trigger` route's Standard Webhooks secret: the gateway signs what it sends to 07's Idem
 # Trigger with it, and the trigger checks it (the Idem API credential's Delivery Signing Secret).

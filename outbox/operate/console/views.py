@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
@@ -23,7 +22,7 @@ from starlette.datastructures import FormData
 from outbox.core import keys
 from outbox.core.access import FailureThrottle
 from outbox.core.logs import get_logger
-from outbox.core.redaction import mask_secrets
+from outbox.core.redaction import mask_secrets, url_host
 from outbox.core.routes import RouteTable
 from outbox.core.settings import Settings
 from outbox.operate import deadletters, replay, routestate, stats
@@ -61,7 +60,7 @@ def target(routes: RouteTable, label: str) -> dict[str, str]:
     if route is None:
         return {"route": label, "action": "unknown (route no longer configured)", "host": "—"}
     if route.action == "http" and route.url:
-        host = urlsplit(route.url).netloc
+        host = url_host(route.url)
         return {"route": label, "action": f"http {route.method}", "host": host}
     if route.action == "python":
         return {"route": label, "action": "python", "host": route.function or "—"}

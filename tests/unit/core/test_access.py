@@ -6,7 +6,7 @@ import pytest
 
 from outbox.core.access import FailureThrottle, bearer_token, is_loopback
 from outbox.core.settings import Settings
-from outbox.core.tokens import TokenError, check_tokens, configured_tokens, short_tokens
+from outbox.core.tokens import TokenError, check_tokens, configured_tokens, weak_tokens
 
 
 class Clock:
@@ -74,11 +74,13 @@ def test_loopback_addresses() -> None:
     assert not is_loopback("10.0.0.1") and not is_loopback("unknown")
 
 
-def test_short_tokens_are_named_and_unset_ones_pass() -> None:
+def test_weak_tokens_are_named_and_unset_ones_pass() -> None:
     """A set token under 32 characters is refused with how to make one; an unset one is not
     checked."""
     settings = Settings(operator_token="x" * 31, metrics_token="")
-    assert short_tokens(configured_tokens(settings)) == ["OPERATOR_TOKEN"]
-    with pytest.raises(TokenError, match=r"secrets\.token_urlsafe\(32\)"):
+    assert weak_tokens(configured_tokens(settings)) == [
+        "OPERATOR_TOKEN is shorter than 32 characters"
+    ]
+    with pytest.raises(TokenError, match=r"openssl rand -hex 32"):
         check_tokens(configured_tokens(settings))
-    check_tokens([("OPERATOR_TOKEN", "x" * 32), ("CLAIMS_TOKEN", "")])
+    check_tokens([("OPERATOR_TOKEN", "2483433c2ea714f3e48cf63e0fe5bce3"), ("CLAIMS_TOKEN", "")])

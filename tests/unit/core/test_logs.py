@@ -19,6 +19,7 @@ logging.getLogger("alembic.runtime.plugins").info("setup plugin alembic.autogene
 logging.getLogger("pgserver").info("Running commandline: initdb")
 logging.getLogger("uvicorn.error").info("Started server process")
 logging.getLogger("celery.worker.consumer.connection").info("Connected to redis://")
+logging.getLogger("httpx").info('HTTP Request: POST http://crm/t?api_key=SECRETVALUE "200 OK"')
 logging.getLogger("pgserver").error("Failed postgres command initdb")
 logging.getLogger("alembic").warning("alembic.trouble")
 """
@@ -37,8 +38,8 @@ def _log(log_format: str) -> str:
 
 @pytest.mark.parametrize("log_format", ["console", "json"])
 def test_libraries_routine_lines_are_left_out_and_their_trouble_kept(log_format: str) -> None:
-    """alembic, pgserver, uvicorn and celery's connection say nothing at INFO; their warnings
-    and errors show."""
+    """alembic, pgserver, uvicorn, celery's connection and httpx say nothing at INFO; their
+    warnings and errors show."""
     lines = _log(log_format).splitlines()
     assert any("gateway.line" in line for line in lines)
     routines = (
@@ -47,12 +48,40 @@ def test_libraries_routine_lines_are_left_out_and_their_trouble_kept(log_format:
         "Running commandline",
         "Started server",
         "Connected",
+        "HTTP Request",
     )
     for routine in routines:
         assert not any(routine in line for line in lines), routine
     assert any("Failed postgres command" in line for line in lines)
     assert any("alembic.trouble" in line for line in lines)
     assert len(lines) == 3
+
+
+# HTTP clients' request lines, at the levels each library writes them.
+REQUEST_LINES = """
+import logging, sys
+from outbox.core.logs import configure_logging, get_logger
+configure_logging("json", "DEBUG")
+get_logger("idem").debug("gateway.debug_line")
+logging.getLogger("httpx").info('HTTP Request: POST http://crm/t?api_key=SECRETVALUE "200 OK"')
+logging.getLogger("httpcore.http11").debug("send_request_headers url=/t?api_key=SECRETVALUE")
+logging.getLogger("urllib3.connectionpool").debug('http://crm:80 "POST /t?api_key=SECRETVALUE"')
+logging.getLogger("kombu.connection").debug("connecting to redis://:SECRETVALUE@redis:6379")
+"""
+
+
+def test_http_clients_request_lines_stay_out_even_at_debug() -> None:
+    """A route's URL may carry a credential in its query: httpx, httpcore, urllib3 and kombu
+    write no request line at any LOG_LEVEL, while the gateway's own DEBUG lines show."""
+    done = subprocess.run(
+        [sys.executable, "-c", REQUEST_LINES],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert "gateway.debug_line" in done.stderr
+    assert "SECRETVALUE" not in done.stderr
 
 
 def test_console_lines_carry_no_colour_codes_off_a_terminal() -> None:

@@ -93,3 +93,21 @@ def test_credentials_after_other_authorization_schemes_are_redacted(
 ) -> None:
     """The credential of an Authorization header is redacted whatever its scheme word."""
     assert secret not in redact(detail)
+
+
+@pytest.mark.parametrize(
+    ("url", "host"),
+    [
+        ("https://crm.example/tasks?api_key=SECRETVALUE", "crm.example"),
+        ("https://user:SECRETVALUE@crm.example:8443/t#SECRETVALUE", "crm.example:8443"),
+        ("http://[::1]:9000/t?token=SECRETVALUE", "[::1]:9000"),
+        ("not a url SECRETVALUE", "?"),
+        ("http://crm.example:notaport/SECRETVALUE", "?"),
+    ],
+)
+def test_a_route_url_is_shown_by_its_host_only(url: str, host: str) -> None:
+    """Where a route's URL is shown (console, replay dry run), its userinfo, path, query and
+    fragment, which may carry a credential, are left out."""
+    from outbox.core.redaction import url_host
+
+    assert url_host(url) == host

@@ -9,7 +9,8 @@ import hmac
 import pytest
 
 from outbox.core.problems import Problem
-from outbox.ingest.signatures import HmacSigner, parse_secrets, sign, sign_v2
+from outbox.core.tokens import parse_secrets
+from outbox.ingest.signatures import HmacSigner, sign, sign_v2
 
 SECRET = "whsec_0123456789abcdef"
 NEW_SECRET = "whsec_fedcba9876543210"

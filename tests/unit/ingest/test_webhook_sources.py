@@ -17,7 +17,7 @@ from outbox.ingest import admission
 from outbox.ingest.signatures import HmacSigner
 from outbox.ingest.webhooks import provider_event, read_field
 
-SECRET = "0123456789abcdef0123"
+SECRET = "2483433c2ea714f3e48cf63e0fe5bce3"
 STANDARD = "whsec_" + base64.b64encode(b"twenty-four key bytes!!!").decode()
 STRIPE_BODY = json.dumps(
     {
@@ -61,15 +61,15 @@ def test_existing_hmac_tables_keep_working(tmp_path: Path) -> None:
 
 def test_secrets_list_and_secret_together_are_all_accepted() -> None:
     """`secret` and `secrets` may both be given; every one is a valid key (rotation)."""
-    source = stripe(secrets=["another-secret-value-1", SECRET])
-    assert source.all_secrets == (SECRET, "another-secret-value-1")
+    source = stripe(secrets=["3d44051857cb3c19d3429165308522c8", SECRET])
+    assert source.all_secrets == (SECRET, "3d44051857cb3c19d3429165308522c8")
 
 
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
         ({"secret": None}, "needs `secret` or `secrets`"),
-        ({"secret": "short"}, "at least 16"),
+        ({"secret": "short"}, "source 'stripe': a secret is shorter than 32 characters"),
         ({"event_id": "id"}, "JSON pointer"),
         ({"event_type": "header:"}, "JSON pointer"),
         ({"scheme": "paypal"}, "scheme"),
@@ -183,8 +183,8 @@ def test_routes_sources_decide_who_may_trigger_them() -> None:
 
 
 def test_webhook_secrets_and_the_file_make_the_sources() -> None:
-    """WEBHOOK_SECRETS gives hmac sources (a name twice: two secrets, short secrets still
-    accepted); a file's table of the same name wins."""
+    """WEBHOOK_SECRETS gives hmac sources (a name twice: two secrets; their strength is
+    checked once at start, `outbox.core.tokens`); a file's table of the same name wins."""
     table = RouteTable([Route(match="*", action="noop")], [stripe()])
     settings = Settings(webhook_secrets="form=short,FORM=short2,stripe=x")
     known = admission.sources(settings, table)
