@@ -3,14 +3,18 @@
 Without it, Starlette's outermost middleware answers such an exception with a plain-text 500
 and re-raises it, so the server writes the whole traceback (kilobytes, with the request's
 values in its frames' text) to the log. Here the answer is `500 internal_error` as
-problem+json, and the log gets one line: the exception's type and where it was raised. Every
-expected failure (bad input, an outage) has its own handler and never gets this far.
+problem+json, and the log gets one line: the exception's type and where it was raised, and for
+a failed statement its text, which the engines keep to the SQL and the database's primary
+message (outbox/store/engines.py: no bound parameters, no quoted row), so the failing
+constraint is named without the data. Every expected failure (bad input, an outage) has its
+own handler and never gets this far.
 """
 
 from __future__ import annotations
 
 import traceback
 
+from sqlalchemy.exc import StatementError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from outbox.core.logs import get_logger
@@ -23,7 +27,10 @@ def unexpected(error: BaseException) -> Problem:
     """Log `error` in one line and return the 500 to answer it with."""
     frames = traceback.extract_tb(error.__traceback__)
     where = f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"
-    log.error("request.failed", error=type(error).__name__, at=where)
+    fields = {"error": type(error).__name__, "at": where}
+    if isinstance(error, StatementError):
+        fields["detail"] = str(error)
+    log.error("request.failed", **fields)
     return Problem(
         500, "internal_error", "The request failed unexpectedly; it was logged. Retry later."
     )

@@ -16,6 +16,7 @@ from outbox.ingest.provider_signatures import sign_shopify
 from outbox.ingest.signatures import sign, sign_v2
 from tests.integration.ingest.test_provider_webhooks import post, shopify
 from tests.support import (
+    PROVIDER_SECRETS,
     WEBHOOK_SECRET,
     Downstream,
     Stack,
@@ -114,7 +115,7 @@ def test_an_envelope_cannot_make_a_provider_key_without_its_signature(stack: Sta
     assert delivery.status_code == 202
 
     signed = json.dumps(envelope("evt_other", "webhook", source="shopify")).encode()
-    secret = "shopify-test-secret-0123456789"
+    _, secret = PROVIDER_SECRETS["shopify"]
     own = _send(stack, (signed, {"X-Shopify-Hmac-Sha256": sign_shopify(secret, signed)}))
     assert (own.status_code, own.json()["key"]) == (202, _shopify_key("evt_other"))
 
