@@ -501,7 +501,10 @@ def verify_route_outage(
     opened = events[("route.circuit_opened", route)]
     closed = events[("route.circuit_closed", route)]
     if refused == 0:
-        violations.add("route_outage_unseen", f"no write reached {route} while it was down")
+        violations.add(
+            "route_outage_unseen",
+            f"no write reached {route} while it was down ({outage.start:.1f}-{outage.end:.1f} s)",
+        )
     if refused > bound:
         violations.add(
             "route_outage_unbounded", f"{refused} writes reached {route} while down (bound {bound})"
@@ -514,6 +517,8 @@ def verify_route_outage(
         violations.add("circuit_left_open", f"{route} ends {db.circuits[route]}")
     return {
         "route": route,
+        "start": round(outage.start, 1),
+        "end": round(outage.end, 1),
         "seconds": round(outage.seconds, 1),
         "writes_refused": refused,
         "bound": bound,
@@ -531,21 +536,37 @@ def verify_partial_failure(
     db: DbState,
     violations: Violations,
 ) -> dict[str, Any]:
-    """A route whose downstream refused a share of its writes for a while: the spell was real
-    (writes were refused), and the circuit, if it opened, ends closed. That every key of the
-    route succeeded once, neither stalled nor looping, is checked with every key in `verify`."""
+    """A route whose downstream refused a share of its writes for a while (`partial`: the
+    spell as it really was): the spell was real (writes met it, and some were refused), and
+    the circuit, if it opened, ends closed. A spell that met no write at all is reported
+    apart: it says nothing of the gateway, only that the soak gave it nothing to refuse. That
+    every key of the route succeeded once, neither stalled nor looping, is checked with every
+    key in `verify`."""
     route = f"crm-{partial.collection}"
+    writes = int(crm.get("writes_while_flaky", 0))
     refused = int(crm.get("refused_while_flaky", 0))
     opened = events[("route.circuit_opened", route)]
     closed = events[("route.circuit_closed", route)]
-    if refused == 0:
-        violations.add("partial_failure_unseen", f"no write to {route} was refused")
+    window = f"{partial.start:.1f}-{partial.end:.1f} s"
+    if writes == 0:
+        violations.add(
+            "partial_failure_unexercised", f"no write reached {route} during its spell ({window})"
+        )
+    elif refused == 0:
+        violations.add(
+            "partial_failure_unseen",
+            f"none of the {writes} writes to {route} during its spell ({window}) was refused"
+            f" (share {partial.share:.0%})",
+        )
     if db.circuits.get(route, "closed") != "closed":
         violations.add("circuit_left_open", f"{route} ends {db.circuits[route]}")
     return {
         "route": route,
-        "seconds": round(partial.end - partial.start, 1),
+        "start": round(partial.start, 1),
+        "end": round(partial.end, 1),
+        "seconds": round(partial.seconds, 1),
         "share": partial.share,
+        "writes": writes,
         "writes_refused": refused,
         "circuit_opened": opened,
         "circuit_closed": closed,

@@ -64,9 +64,11 @@ class FakeCrm:
         # a breaker that judges a rate lets through as many failures as it saw successes.
         self.gateway_writes: list[tuple[float, str]] = []
         self.written_before_down = 0
-        # The collection that refuses a share of the gateway's writes, and how many it refused.
+        # The collection that refuses a share of the gateway's writes, how many of the gateway's
+        # writes reached it meanwhile, and how many of those it refused.
         self.flaky: str | None = None
         self.flaky_share = 0.0
+        self.writes_while_flaky = 0
         self.refused_while_flaky = 0
         self.flaky_rng = random.Random(f"flaky:{seed}")
         self._server: _Server | None = None
@@ -88,8 +90,15 @@ class FakeCrm:
                 "inflight": self.inflight,
                 "refused_while_down": self.refused_while_down,
                 "written_before_down": self.written_before_down,
+                "writes_while_flaky": self.writes_while_flaky,
                 "refused_while_flaky": self.refused_while_flaky,
             }
+
+    def spell_writes(self) -> dict[str, int]:
+        """The gateway's writes that met each spell so far, by the fault that began it (the
+        soak ends a spell only once enough writes met it)."""
+        with self.lock:
+            return {"route_down": self.refused_while_down, "route_flaky": self.writes_while_flaky}
 
     def take_down(self, collection: str | None, lookback: float = 0.0) -> None:
         """Refuse the gateway's writes to `collection` from now on (None: back up); remember
@@ -113,10 +122,12 @@ class FakeCrm:
         with self.lock:
             if actor == WORKFLOW:
                 return False
-            if collection == self.flaky and self.flaky_rng.random() < self.flaky_share:
-                self.refused_while_flaky += 1
-                self.injected["flaky_503"] += 1
-                return True
+            if collection == self.flaky:
+                self.writes_while_flaky += 1
+                if self.flaky_rng.random() < self.flaky_share:
+                    self.refused_while_flaky += 1
+                    self.injected["flaky_503"] += 1
+                    return True
             if collection != self.down:
                 self.gateway_writes.append((time.monotonic(), collection))
                 return False

@@ -145,6 +145,26 @@ CIRCUIT_COOLDOWN_CAP_SECONDS = 8.0
 # the circuit may open and close on the way, and no key may be stalled or loop.
 FLAKY_COLLECTION = "tasks"
 
+# A spell (the route outage, the partial failure) lasts its planned length from when it really
+# began, not until its planned end: the fault before it runs in the same thread and may start
+# it late (the PostgreSQL restart takes its 5 s). It also lasts until the gateway's writes met
+# it `min_writes` times (*_MIN_WRITES): after the database outage the relays may stay quiet for
+# up to their backoff cap (15 s), and a spell that met no write proves nothing. At most
+# SPELL_GRACE_SECONDS longer it ends anyway, and the checks report how few writes it met.
+SPELL_GRACE_SECONDS = 30.0
+# The outage's writes are refused: enough of them to open the circuit of a quiet route.
+OUTAGE_MIN_WRITES = CIRCUIT_MINIMUM_CALLS
+# A share of at least 30 % refuses none of 30 writes with a chance of 0.7**30, under 1 in 30 000.
+PARTIAL_MIN_WRITES = 30
+
+
+def spell_over(began: float, seconds: float, writes: int, min_writes: int, now: float) -> bool:
+    """Whether a spell that began at `began` (seconds into the send phase), planned to last
+    `seconds`, and met `writes` of the gateway's writes so far, may end at `now`."""
+    if now < began + seconds:
+        return False
+    return writes >= min_writes or now >= began + seconds + SPELL_GRACE_SECONDS
+
 
 @dataclass(frozen=True)
 class RouteOutage:
@@ -170,6 +190,10 @@ class PartialFailure:
     start: float
     end: float
     share: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
 
 
 def plan_partial_failure(seed: int, duration: float) -> PartialFailure:

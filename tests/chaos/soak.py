@@ -18,6 +18,7 @@ not run).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -81,7 +82,12 @@ circuit_cooldown_cap_seconds = {plan.CIRCUIT_COOLDOWN_CAP_SECONDS}
 class Chaos:
     """Runs the fault schedule against the fleet and the servers from its own thread, and
     supervises the fleet meanwhile: a process that ends although nobody killed it is
-    recorded as an incident and replaced, as compose's restart policy would."""
+    recorded as an incident and replaced, as compose's restart policy would.
+
+    Faults run in the plan's order, each when its time has come, except the end of a spell
+    (route_up, route_steady): that waits until `plan.spell_over` says the spell, counted from
+    when it really began, lasted its length and met enough writes; the faults after it go on
+    meanwhile."""
 
     def __init__(
         self,
@@ -113,6 +119,14 @@ class Chaos:
         self.outage: tuple[float, float] | None = None
         self.errors: list[str] = []
         self.incidents: list[dict[str, Any]] = []
+        # Each spell's ending fault: the fault that begins it, its planned length, and how many
+        # of the gateway's writes must meet it (see `plan.spell_over`).
+        self.spell_ends = {
+            "route_up": ("route_down", route_outage.seconds, plan.OUTAGE_MIN_WRITES),
+            "route_steady": ("route_flaky", partial.seconds, plan.PARTIAL_MIN_WRITES),
+        }
+        # When each kind of fault last began, seconds into the send phase.
+        self.began: dict[str, float] = {}
         self.faults_done = threading.Event()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="chaos", daemon=True)
@@ -120,16 +134,34 @@ class Chaos:
     def _run(self) -> None:
         pending = list(self.faults)
         while not self.stop.is_set():
+            due = next((fault for fault in pending if self._due(fault)), None)
             if not pending:
                 self.faults_done.set()
-            elif self.sender.now() >= pending[0].at:
-                self._do(pending.pop(0))
+            elif due is not None:
+                pending.remove(due)
+                self._do(due)
                 continue
             self.supervise()
             self.stop.wait(0.25)
 
+    def _due(self, fault: plan.Fault) -> bool:
+        now = self.sender.now()
+        spell = self.spell_ends.get(fault.kind)
+        if spell is None:
+            return now >= fault.at
+        start, seconds, min_writes = spell
+        began = self.began.get(start)  # None: the spell has not begun
+        writes = self.crm.spell_writes()[start]
+        return began is not None and plan.spell_over(began, seconds, writes, min_writes, now)
+
+    def window(self, start: str, end: str, planned: tuple[float, float]) -> tuple[float, float]:
+        """When the spell from fault `start` to fault `end` really began and ended (the
+        planned times for a fault that was never due)."""
+        return self.began.get(start, planned[0]), self.began.get(end, planned[1])
+
     def _do(self, fault: plan.Fault) -> None:
         started = self.sender.now()
+        self.began[fault.kind] = started
         try:
             detail = getattr(self, fault.kind)()
         except Exception as error:  # a fault that could not be done is reported, not hidden
@@ -405,15 +437,17 @@ def table(report: dict[str, Any]) -> str:
         ),
         (
             "route outage",
-            f"{o['route']} down {o['seconds']} s: {o['writes_refused']} writes reached it"
+            f"{o['route']} down {o['seconds']} s ({o['start']}-{o['end']} s):"
+            f" {o['writes_refused']} writes reached it"
             f" (bound {o['bound']}); circuit opened {o['circuit_opened']}, closed"
             f" {o['circuit_closed']} times, {o['trials']} trials; ends {o['final_circuit']}",
         ),
         (
             "partial failure",
-            f"{p['route']} refused {p['share']:.0%} of writes for {p['seconds']} s:"
-            f" {p['writes_refused']} refused; circuit opened {p['circuit_opened']}, closed"
-            f" {p['circuit_closed']} times; ends {p['final_circuit']}",
+            f"{p['route']} refused {p['share']:.0%} of writes for {p['seconds']} s"
+            f" ({p['start']}-{p['end']} s): {p['writes_refused']} of {p['writes']} writes"
+            f" refused; circuit opened {p['circuit_opened']}, closed {p['circuit_closed']}"
+            f" times; ends {p['final_circuit']}",
         ),
         ("incidents", _incidents(report["incidents"])),
         ("quiescence", _quiescence(report)),
@@ -581,6 +615,11 @@ def run(args: argparse.Namespace) -> int:
                 )
         for error in chaos.errors:
             violations.add("fault_failed", error)
+        # The spells as they really were: either may have begun late and lasted longer.
+        start, end = chaos.window("route_down", "route_up", (route_outage.start, route_outage.end))
+        route_outage = dataclasses.replace(route_outage, start=start, end=end)
+        start, end = chaos.window("route_flaky", "route_steady", (partial.start, partial.end))
+        partial = dataclasses.replace(partial, start=start, end=end)
         outage_facts = check.verify_route_outage(
             route_outage,
             crm_state,
