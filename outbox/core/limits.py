@@ -17,7 +17,7 @@ from __future__ import annotations
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from outbox.core.problems import Problem, problem_response
+from outbox.core.problems import Problem, TrackedSend, problem_response
 
 # All header names and values of one request together: the size of h11's limit, room for
 # any real client's cookies and signatures, and far below what would cost memory.
@@ -85,7 +85,6 @@ class RequestLimits:
 
         limit = self.limit
         received = 0
-        started = False
 
         async def bounded_receive() -> Message:
             nonlocal received
@@ -96,17 +95,12 @@ class RequestLimits:
                     raise BodyTooLarge(limit)
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+        tracked = TrackedSend(send)
         try:
-            await self.app(scope, bounded_receive, tracking_send)
+            await self.app(scope, bounded_receive, tracked)
         except BodyTooLarge:
             # Normally the app's handler has answered already; this covers a reader outside
             # the framework's exception handling.
-            if started:
+            if tracked.started:
                 raise
             await problem_response(too_large(limit))(scope, receive, send)

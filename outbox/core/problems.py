@@ -12,6 +12,7 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.types import Message, Send
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -135,3 +136,17 @@ def field_errors(error: ValidationError | RequestValidationError) -> list[dict[s
         }
         for err in error.errors()
     ]
+
+
+class TrackedSend:
+    """An ASGI `send` that remembers whether the response has begun: until then a middleware
+    may still answer with a problem; after it, only the connection can be cut."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self._send(message)

@@ -15,10 +15,10 @@ from __future__ import annotations
 import traceback
 
 from sqlalchemy.exc import StatementError
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from outbox.core.logs import get_logger
-from outbox.core.problems import Problem, problem_response
+from outbox.core.problems import Problem, TrackedSend, problem_response
 
 log = get_logger(__name__)
 
@@ -47,18 +47,11 @@ class UnexpectedErrors:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+        tracked = TrackedSend(send)
         try:
-            await self.app(scope, receive, tracking_send)
+            await self.app(scope, receive, tracked)
         except Exception as error:
             problem = unexpected(error)
             # Once the answer has begun, the server can only cut the connection.
-            if not started:
+            if not tracked.started:
                 await problem_response(problem)(scope, receive, send)
