@@ -26,9 +26,12 @@ accepted before the upgrade is still a repeat:
   after the upgrade is a new key.
 
 Run it with the receivers and workers stopped (compose's `migrate` step runs before they
-start): a worker holding a key while it moves loses its lease, and the key is reconciled like
-any other whose lease ran out. Keys in the operators' audit (`replays.keys`) and in the routes'
-transient state (permits, breaker windows) are left as they were.
+start), after the workers drained what was in flight: a moved key's next attempt sends its new
+form downstream as `Idempotency-Key` and reconciles by it, so a downstream that saw an attempt
+under the old key before the upgrade cannot recognise it. The migration counts moved keys that
+were still pending, processing or waiting to retry, and warns. Keys in the operators' audit
+(`replays.keys`) and in the routes' transient state (permits, breaker windows) are left as
+they were.
 
 Downgrade restores the foreign keys and drops the three functions, and leaves the keys namespaced:
 which keys were rewritten and which were sent in that form cannot be told apart afterwards.
@@ -125,10 +128,12 @@ _MOVE_BATCH = text(
         UPDATE idempotency_keys k SET idempotency_key = f.new_key
           FROM free f
          WHERE k.idempotency_key = f.old_key
-        RETURNING 1
+        RETURNING k.status
     )
     SELECT (SELECT max(old_key) FROM batch) AS last_key,
            (SELECT count(*) FROM moved) AS moved,
+           (SELECT count(*) FROM moved
+             WHERE status IN ('pending', 'processing', 'failed_retryable')) AS in_flight,
            (SELECT count(*) FROM outside) - (SELECT count(*) FROM moved) AS stayed
     """
 )
@@ -167,7 +172,7 @@ def _foreign_key_follows_updates(table: str, follows: bool) -> None:
 
 def _move_keys() -> None:
     bind = op.get_bind()
-    after, moved, stayed = "", 0, 0
+    after, moved, stayed, in_flight = "", 0, 0, 0
     # Each batch must walk the primary key's index from `after`: a sequential or bitmap scan
     # would read (and sort) every key after it, a statement growing with the table. Fresh
     # statistics make the planner take the index anyway; turning the other two off makes it sure.
@@ -180,10 +185,19 @@ def _move_keys() -> None:
             if row.last_key is None:
                 break
             after, moved, stayed = row.last_key, moved + row.moved, stayed + row.stayed
+            in_flight += row.in_flight
     finally:
         bind.execute(text("RESET enable_seqscan"))
         bind.execute(text("RESET enable_bitmapscan"))
     _log.info("key namespaces: %d event keys moved into their source's namespace", moved)
+    if in_flight:
+        # Their next attempt sends the new key downstream (Idempotency-Key) and reconciles by
+        # it, so a downstream that remembers the old one cannot recognise an earlier attempt.
+        _log.warning(
+            "key namespaces: %d moved event keys were still in flight (pending, processing or"
+            " waiting to retry); drain the workers before upgrading (README, Upgrading)",
+            in_flight,
+        )
     if stayed:
         _log.warning(
             "key namespaces: %d event keys kept their old form: their namespaced form is"
