@@ -286,3 +286,34 @@ def test_a_large_backlog_moves_in_batches(
 ) -> None:
     """The same over 120 000 keys."""
     _migrate_a_backlog(fresh_database, redis_url, routes_file, tmp_path, 120_000)
+
+
+def test_keys_moved_while_in_flight_are_counted_in_a_warning(
+    fresh_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A key still pending, processing or waiting to retry when it moves is attempted next with
+    its new Idempotency-Key: the upgrade says how many there were, so an operator who did not
+    drain the workers first knows which downstream calls to look at."""
+    upgrade(fresh_database, BEFORE)
+    with psycopg.connect(libpq(fresh_database), autocommit=True) as conn:
+        for key, status in (
+            ("in-flight-1", "pending"),
+            ("in-flight-2", "failed_retryable"),
+            ("done-1", "succeeded"),
+            ("webform:already", "pending"),
+        ):
+            conn.execute(
+                "INSERT INTO idempotency_keys (idempotency_key, payload_hash, correlation_id,"
+                " source, event_type, route, actor, status, expires_at)"
+                " VALUES (%s, 'h', 'c', 'webform', 'crm.lead.created', 'crm', 'worker', %s,"
+                " now() + interval '30 days')",
+                (key, status),
+            )
+    with caplog.at_level("INFO"):
+        upgrade(fresh_database)
+    messages = [record.getMessage() for record in caplog.records]
+    assert "key namespaces: 3 event keys moved into their source's namespace" in messages
+    assert any(
+        message.startswith("key namespaces: 2 moved event keys were still in flight")
+        for message in messages
+    ), messages
