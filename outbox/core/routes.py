@@ -153,6 +153,19 @@ class Route(BaseModel):
     circuit_cooldown_seconds: float = Field(default=10.0, gt=0)
     circuit_cooldown_cap_seconds: float = Field(default=300.0, gt=0)
 
+    # Ordering lanes (docs/architecture.md, "Lanes"). `order_by` names each event's lane: a
+    # JSON pointer into the payload ("/contact/id") or "external_id". Events of one lane are
+    # acted on one at a time, in lane order: their version with `versions = "supersede"`
+    # (compared as `version_format`: integers, or RFC 3339 timestamps), else the order of
+    # acceptance. Under supersede a version not newer than the lane's applied one, or older
+    # than one waiting, is recorded `superseded` and never acted on. `lane_on_failure`: a
+    # dead letter holds its lane until it is replayed or discarded (`block`), or the lane goes
+    # on (`skip`).
+    order_by: str | None = None
+    versions: Literal["supersede"] | None = None
+    version_format: Literal["integer", "timestamp"] = "integer"
+    lane_on_failure: Literal["block", "skip"] = "block"
+
     @field_validator("sources")
     @classmethod
     def _normalized_sources(cls, names: list[str] | None) -> list[str] | None:
@@ -181,6 +194,16 @@ class Route(BaseModel):
                     f"whsec_ and the base64 of {strength.MIN_STANDARD_KEY_BYTES} to 64 random "
                     "bytes)"
                 )
+        if self.order_by is not None and not (
+            self.order_by == "external_id" or self.order_by.startswith("/")
+        ):
+            raise ValueError('`order_by` is a JSON pointer such as "/contact/id", or "external_id"')
+        if self.order_by is None and (
+            self.versions is not None
+            or "version_format" in self.model_fields_set
+            or "lane_on_failure" in self.model_fields_set
+        ):
+            raise ValueError("`versions`, `version_format` and `lane_on_failure` need `order_by`")
         if self.circuit_cooldown_cap_seconds < self.circuit_cooldown_seconds:
             raise ValueError("`circuit_cooldown_cap_seconds` must be >= `circuit_cooldown_seconds`")
         if self.schema_file is not None and not self.schema_file.is_file():

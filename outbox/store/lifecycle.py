@@ -36,6 +36,7 @@ class Status(StrEnum):
     FAILED_RETRYABLE = "failed_retryable"
     FAILED_FINAL = "failed_final"
     QUARANTINED = "quarantined"
+    SUPERSEDED = "superseded"
 
 
 class Actor(StrEnum):
@@ -76,6 +77,16 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition("fail", (_S.PROCESSING,), _S.FAILED_FINAL, "holder", "FAIL_FINAL"),
     Transition("quarantine", (_S.PROCESSING,), _S.QUARANTINED, "worker", "FAIL_FINAL"),
     Transition(
+        "wait for the lane", (_S.PROCESSING,), _S.PENDING, "holder (lane step)", "lanes.ADMIT"
+    ),
+    Transition(
+        "supersede",
+        (_S.PROCESSING, _S.PENDING, _S.FAILED_FINAL, _S.QUARANTINED),
+        _S.SUPERSEDED,
+        "lane step (a newer version applied, waiting or running)",
+        "lanes.ADMIT",
+    ),
+    Transition(
         "replay",
         (_S.FAILED_RETRYABLE, _S.FAILED_FINAL, _S.QUARANTINED, _S.PROCESSING),
         _S.PENDING,
@@ -86,7 +97,9 @@ TRANSITIONS: tuple[Transition, ...] = (
 """Every status change there is. Re-drives by the sweeper change no status (they queue a new
 delivery of a worker key); purging deletes finished keys."""
 
-TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED_FINAL, Status.QUARANTINED})
+TERMINAL = frozenset(
+    {Status.SUCCEEDED, Status.FAILED_FINAL, Status.QUARANTINED, Status.SUPERSEDED}
+)
 
 
 def new_lease_token() -> str:

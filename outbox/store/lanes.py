@@ -1,0 +1,53 @@
+"""The lane statements: the attempt's lane step, the sweeper's look after idle lanes, purge.
+
+The decisions themselves are PL/pgSQL functions of migration 0011 (`lane_admit`, `lane_wake`,
+`lane_supersede_older`), so that each reads what it decides on after taking the lane's row
+lock, and decides and writes in the one call. Triggers of the same migration hand a lane on in
+the very transaction that frees it: a lane key leaving `processing` (any outcome) and a lane's
+dead letter discarded. docs/architecture.md, "Lanes", has the rules.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import TextClause, text
+
+ADMIT: TextClause = text(
+    """
+    -- The lane step of an attempt (or of a claim): `go`, `wait` (parked: pending with no
+    -- delivery, the attempt given back; the lane's next change hands it on), `superseded`
+    -- (recorded, with the version that superseded it) or `lost` (no longer held).
+    SELECT decision, superseded_by, retry_after
+      FROM lane_admit(:key, :fence, :token, :ordering, :on_failure, :ttl_seconds)
+    """
+)
+
+WAKE_IDLE_LANES: TextClause = text(
+    """
+    -- The sweeper's look after lanes whose parked keys have waited past the grace period
+    -- with nothing to wake them (a lane whose route lost `order_by`, say): each such lane is
+    -- handed on if it is free. A bounded batch of lanes per pass.
+    SELECT coalesce(sum(lane_wake(route, lane)), 0) AS woken
+      FROM (SELECT DISTINCT route, lane FROM idempotency_keys
+             WHERE status = 'pending' AND error_code = 'lane_waiting'
+               AND updated_at < now() - make_interval(secs => :grace_seconds)
+             LIMIT :limit) idle
+    """
+)
+
+PURGE_IDLE_LANES: TextClause = text(
+    """
+    -- Lanes whose keys are all gone and whose time is up: what they remembered (the applied
+    -- version) ends with the keys it guarded. A bounded batch at a time.
+    WITH doomed AS (
+        SELECT l.route, l.lane FROM lanes l
+         WHERE l.expires_at < now()
+           AND NOT EXISTS (SELECT 1 FROM idempotency_keys k
+                            WHERE k.route = l.route AND k.lane = l.lane)
+         LIMIT :limit
+           FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM lanes l USING doomed
+     WHERE l.route = doomed.route AND l.lane = doomed.lane
+    RETURNING l.route
+    """
+)
