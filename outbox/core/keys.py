@@ -80,7 +80,7 @@ def normalize_text(value: str) -> str:
     return " ".join(unicodedata.normalize("NFC", value).split())
 
 
-def _utc_timestamp(value: str) -> str | None:
+def utc_timestamp(value: str) -> str | None:
     """The UTC ``...Z`` form of a timestamp with an explicit offset, or None if it is not one."""
     match = _TIMESTAMP.fullmatch(value)
     if match is None:
@@ -106,7 +106,7 @@ def _utc_timestamp(value: str) -> str | None:
 def normalize_part(value: str) -> str:
     """normalize_text, then a timestamp with an explicit offset becomes UTC ISO-8601 with "Z"."""
     text = normalize_text(value)
-    return _utc_timestamp(text) or text
+    return utc_timestamp(text) or text
 
 
 def _folded(value: str) -> str:
