@@ -811,8 +811,9 @@ def contact_updates_in_order(world: World, outcome: Outcome) -> None:
             f"n8n applied contact {label} in the order {applied}",
         )
         outcome.check(
-            applied == succeeded[contact],
-            f"contact {label}: n8n's executions are its succeeded keys ({len(applied)})",
+            sorted(applied) == succeeded[contact],
+            f"contact {label}: one execution per succeeded key ({len(applied)}), none for the"
+            " superseded",
         )
         with world.crm.lock:
             written = [

@@ -147,7 +147,8 @@ def _toml_table(kind: str, table: dict[str, Any]) -> str:
 def example_contacts_route(n8n_url: str) -> tuple[str, str]:
     """The lane route and its provider source as examples/routes.toml declares them, the route's
     URL pointed at this n8n's webhook of examples/n8n/09 and the source's secret at this run's;
-    its backoff shortened so a retry comes within the run."""
+    its timeouts within the stack's LEASE_SECONDS (5 s) and its backoff shortened so a retry
+    comes within the run."""
     example = tomllib.loads((ROOT / "examples" / "routes.toml").read_text(encoding="utf-8"))
     route = next(r for r in example["routes"] if r.get("name") == CONTACTS_ROUTE)
     source = next(s for s in example["sources"] if s["name"] == CONTACTS_SOURCE)
@@ -155,6 +156,8 @@ def example_contacts_route(n8n_url: str) -> tuple[str, str]:
     route = {
         **route,
         "url": f"{n8n_url}/webhook/{path}",
+        "connect_timeout_seconds": 1,
+        "read_timeout_seconds": 3,
         "backoff_base_seconds": 0.5,
         "backoff_cap_seconds": 2,
     }
