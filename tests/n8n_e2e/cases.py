@@ -686,6 +686,8 @@ def node_dedupe_at_once(world: World, outcome: Outcome) -> None:
 CONTACTS_WORKFLOW_ID = "idemContactLane1"
 CONTACT_VERSIONS = 20
 SECOND_CONTACT_VERSIONS = 8
+# The CRM sends them in bursts; each burst settles at the gateway before the next.
+CONTACT_BURSTS = 4
 # Deliveries in flight at once: a provider's parallel senders and redeliveries.
 CONTACT_SENDERS = 8
 LANE_TERMINAL = {"succeeded", "superseded"}
@@ -743,34 +745,78 @@ def _applied(run: WebhookRun) -> tuple[str, int]:
     return str(contact.get("id")), int(contact.get("version", -1))
 
 
+@dataclass(frozen=True)
+class Bursts:
+    """The CRM's deliveries (contact, version) in bursts, and what they must come to."""
+
+    sent: list[list[tuple[str, int]]]
+    # The lowest of each burst's slice but the last's, sent in the next burst instead: by
+    # then a newer version of its contact was applied, so it must end superseded.
+    late: set[tuple[str, int]]
+    # The newest of each burst's slice: nothing newer exists until the next burst, so it must
+    # be applied.
+    newest: set[tuple[str, int]]
+
+
+def contact_bursts(versions: dict[str, int], bursts: int) -> Bursts:
+    """Every contact's versions in `bursts` slices in order, each burst shuffled, the lowest of
+    each slice but the last delivered late (a redelivery overtaken by newer updates)."""
+    late: list[tuple[str, int]] = []
+    sent, stragglers, newest = [], set(), set()
+    for number in range(bursts):
+        burst = list(late)
+        late = []
+        for contact, count in versions.items():
+            size = count // bursts
+            chunk = [(contact, v) for v in range(number * size + 1, (number + 1) * size + 1)]
+            newest.add(chunk[-1])
+            if number < bursts - 1:
+                late.append(chunk.pop(0))
+            burst.extend(chunk)
+        stragglers.update(late)
+        random.Random(26 + number).shuffle(burst)
+        sent.append(burst)
+    return Bursts(sent, stragglers, newest)
+
+
 def contact_updates_in_order(world: World, outcome: Outcome) -> None:
-    """20 versions of one contact and 8 of another, shuffled and sent concurrently by the CRM:
-    the lane route hands 09 one version of a contact at a time, in version order, and supersedes
-    the stale ones. n8n's executions per contact apply strictly increasing versions ending at
-    the highest; every key is succeeded or superseded; no version runs twice."""
+    """20 versions of one contact and 8 of another, in four bursts shuffled and sent 8 at once
+    by the CRM, a straggler of each burst late in the next: the lane route hands 09 one version
+    of a contact at a time, in version order, and supersedes the stale ones. n8n's executions
+    per contact apply strictly increasing versions, each burst's newest among them, ending at
+    the highest; every key is succeeded or superseded (the stragglers superseded); no version
+    runs twice."""
     run = uuid.uuid4().hex[:8]
     versions = {f"contact-{run}-a": CONTACT_VERSIONS, f"contact-{run}-b": SECOND_CONTACT_VERSIONS}
     contacts = list(versions)
-    deliveries = [(c, v) for c, count in versions.items() for v in range(1, count + 1)]
-    random.Random(26).shuffle(deliveries)
+    bursts = contact_bursts(versions, CONTACT_BURSTS)
+    deliveries = [one for burst in bursts.sent for one in burst]
     before = {r.id for r in webhook_runs(world.n8n.home, CONTACTS_WORKFLOW_ID)}
-    with ThreadPoolExecutor(max_workers=CONTACT_SENDERS) as pool:
-        answers = list(pool.map(lambda d: post_contact_update(world, *d), deliveries))
-    codes = Counter(a.status_code for a in answers)
+    codes: Counter[int] = Counter()
+    rows: list[tuple[str, int, str, str | None]] = []
+    sent = 0
+    for burst in bursts.sent:
+        with ThreadPoolExecutor(max_workers=CONTACT_SENDERS) as pool:
+            answers = pool.map(lambda d: post_contact_update(world, *d), burst)
+            codes.update(a.status_code for a in answers)
+        sent += len(burst)
+
+        # The next burst comes once the gateway has settled this one.
+        def settled(sent: int = sent) -> list[tuple[str, int, str, str | None]] | None:
+            rows = _contact_keys(world, contacts)
+            done = len(rows) == sent and all(r[2] in LANE_TERMINAL for r in rows)
+            return rows if done else None
+
+        try:
+            rows = wait_until(settled, timeout=120, interval=0.5)
+        except AssertionError:
+            rows = _contact_keys(world, contacts)
+            break
     outcome.check(
         all(200 <= code < 300 for code in codes),
-        f"{len(deliveries)} deliveries, {CONTACT_SENDERS} at once -> {dict(codes)}",
+        f"{len(deliveries)} deliveries in {len(bursts.sent)} bursts, {CONTACT_SENDERS} at once"
+        f" -> {dict(codes)}",
     )
-
-    def settled() -> list[tuple[str, int, str, str | None]] | None:
-        rows = _contact_keys(world, contacts)
-        done = len(rows) == len(deliveries) and all(r[2] in LANE_TERMINAL for r in rows)
-        return rows if done else None
-
-    try:
-        rows = wait_until(settled, timeout=120, interval=0.5)
-    except AssertionError:
-        rows = _contact_keys(world, contacts)
     statuses = Counter(status for _, _, status, _ in rows)
     outcome.check(
         len(rows) == len(deliveries) and set(statuses) <= LANE_TERMINAL,
@@ -778,37 +824,45 @@ def contact_updates_in_order(world: World, outcome: Outcome) -> None:
     )
     unexplained = [v for _, v, s, by in rows if s == "superseded" and not by]
     outcome.check(not unexplained, "every superseded key names the version that superseded it")
+    ended = {(c, v): s for c, v, s, _ in rows}
+    applied_late = sorted(one for one in bursts.late if ended.get(one) != "superseded")
+    outcome.check(
+        not applied_late, f"the {len(bursts.late)} late stragglers superseded (not: {applied_late})"
+    )
     succeeded = {
         c: sorted(v for contact, v, s, _ in rows if contact == c and s == "succeeded")
         for c in contacts
     }
     wanted = sum(len(found) for found in succeeded.values())
 
-    # n8n records an execution's end just after its Respond node answered the gateway.
-    def finished() -> list[WebhookRun] | None:
-        runs = [
+    def ours() -> list[WebhookRun]:
+        """This case's executions of 09, in the order n8n started them."""
+        return [
             r
             for r in webhook_runs(world.n8n.home, CONTACTS_WORKFLOW_ID)
             if r.id not in before and _applied(r)[0] in versions
         ]
+
+    # n8n records an execution's end just after its Respond node answered the gateway.
+    def finished() -> list[WebhookRun] | None:
+        runs = ours()
         done = len(runs) >= wanted and all(r.status in N8N_FINISHED for r in runs)
         return runs if done else None
 
     try:
         runs = wait_until(finished, timeout=60, interval=0.5)
     except AssertionError:
-        runs = [
-            r
-            for r in webhook_runs(world.n8n.home, CONTACTS_WORKFLOW_ID)
-            if r.id not in before and _applied(r)[0] in versions
-        ]
+        runs = ours()
     failed = [r.id for r in runs if r.status != "success"]
     outcome.check(not failed, f"{len(runs)} execution(s) of 09, not successful: {failed}")
     for label, contact in zip("ab", contacts, strict=True):
         applied = [v for c, v in map(_applied, runs) if c == contact]
+        newest = sorted(v for c, v in bursts.newest if c == contact)
         outcome.check(
-            applied == sorted(set(applied)) and applied[-1:] == [versions[contact]],
-            f"n8n applied contact {label} in the order {applied}",
+            applied == sorted(set(applied))
+            and applied[-1:] == [versions[contact]]
+            and set(newest) <= set(applied),
+            f"n8n applied contact {label} in the order {applied} (each burst's newest {newest})",
         )
         outcome.check(
             sorted(applied) == succeeded[contact],
