@@ -11,8 +11,10 @@ import base64
 import hashlib
 import hmac
 import json
+import random
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,8 +24,11 @@ from typing import Any
 import httpx
 import psycopg
 
-from tests.n8n_e2e.n8n import executions
+from outbox.core import standard_webhooks
+from tests.n8n_e2e.n8n import WebhookRun, executions, webhook_runs
 from tests.n8n_e2e.world import (
+    CONTACTS_SECRET,
+    CONTACTS_SOURCE,
     SIGNING_SECRET,
     SOURCE,
     TRIGGER_PATH,
@@ -513,15 +518,24 @@ def post_gateway_event(world: World, event: dict[str, Any]) -> httpx.Response:
     digest = hmac.new(
         SIGNING_SECRET.encode(), f"{timestamp}.{key}.{body}".encode(), hashlib.sha256
     ).hexdigest()
-    return httpx.post(
-        f"http://127.0.0.1:{world.stack.port}/v1/events",
-        content=body,
-        headers={
-            "content-type": "application/json",
+    return to_gateway(
+        world,
+        "/v1/events",
+        body.encode(),
+        {
             "idempotency-key": key,
             "x-idem-timestamp": str(timestamp),
             "x-idem-signature": f"v2={digest}",
         },
+    )
+
+
+def to_gateway(world: World, path: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
+    """A signed JSON request straight to the gateway's receiver (not through n8n's proxy)."""
+    return httpx.post(
+        f"http://127.0.0.1:{world.stack.port}{path}",
+        content=body,
+        headers={"content-type": "application/json", **headers},
         timeout=30,
     )
 
@@ -667,6 +681,206 @@ def node_dedupe_at_once(world: World, outcome: Outcome) -> None:
     outcome.tasks = tasks(world, event["id"])
 
 
+# ------------------------------------------------------------------ 09: a lane per contact
+
+CONTACTS_WORKFLOW_ID = "idemContactLane1"
+CONTACT_VERSIONS = 20
+SECOND_CONTACT_VERSIONS = 8
+# The CRM sends them in bursts; each burst settles at the gateway before the next.
+CONTACT_BURSTS = 4
+# Deliveries in flight at once: a provider's parallel senders and redeliveries.
+CONTACT_SENDERS = 8
+LANE_TERMINAL = {"succeeded", "superseded"}
+# Executions n8n has finished (a running one has not recorded its outcome yet).
+N8N_FINISHED = {"success", "error", "crashed", "canceled"}
+
+
+def post_contact_update(world: World, contact_id: str, version: int) -> httpx.Response:
+    """The CRM's `contact.updated` webhook for one version of a contact, signed (Standard
+    Webhooks) as the source `crm`, straight to the gateway's `/v1/webhooks/crm`."""
+    body = json.dumps(
+        {
+            "type": "contact.updated",
+            "contact": {
+                "id": contact_id,
+                "version": version,
+                "email": f"{contact_id}@example.com",
+                "name": f"Ada v{version}",
+            },
+        }
+    ).encode()
+    message_id = f"msg_{contact_id}_v{version}"
+    timestamp = int(time.time())
+    keys = [standard_webhooks.decode_secret(CONTACTS_SECRET)]
+    return to_gateway(
+        world,
+        f"/v1/webhooks/{CONTACTS_SOURCE}",
+        body,
+        {
+            "webhook-id": message_id,
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": standard_webhooks.signature_header(
+                keys, message_id, timestamp, body
+            ),
+        },
+    )
+
+
+def _contact_keys(world: World, contacts: list[str]) -> list[tuple[str, int, str, str | None]]:
+    """(contact, version, status, superseded_by) of every gateway key of these contacts."""
+    with psycopg.connect(libpq(world.stack.database_url), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT e.payload #>> '{contact,id}', (e.payload #>> '{contact,version}')::int,"
+            " k.status, k.superseded_by"
+            " FROM events e JOIN idempotency_keys k USING (idempotency_key)"
+            " WHERE e.payload #>> '{contact,id}' = ANY(%s)",
+            (contacts,),
+        ).fetchall()
+    return [(str(c), int(v), str(s), None if b is None else str(b)) for c, v, s, b in rows]
+
+
+def _applied(run: WebhookRun) -> tuple[str, int]:
+    """The contact and version an execution of 09 wrote (its Webhook's body)."""
+    contact = run.body["contact"] if isinstance(run.body, dict) else {}
+    return str(contact.get("id")), int(contact.get("version", -1))
+
+
+@dataclass(frozen=True)
+class Bursts:
+    """The CRM's deliveries (contact, version) in bursts, and what they must come to."""
+
+    sent: list[list[tuple[str, int]]]
+    # The lowest of each burst's slice but the last's, sent in the next burst instead: by
+    # then a newer version of its contact was applied, so it must end superseded.
+    late: set[tuple[str, int]]
+    # The newest of each burst's slice: nothing newer exists until the next burst, so it must
+    # be applied.
+    newest: set[tuple[str, int]]
+
+
+def contact_bursts(versions: dict[str, int], bursts: int) -> Bursts:
+    """Every contact's versions in `bursts` slices in order, each burst shuffled, the lowest of
+    each slice but the last delivered late (a redelivery overtaken by newer updates)."""
+    late: list[tuple[str, int]] = []
+    sent, stragglers, newest = [], set(), set()
+    for number in range(bursts):
+        burst = list(late)
+        late = []
+        for contact, count in versions.items():
+            size = count // bursts
+            chunk = [(contact, v) for v in range(number * size + 1, (number + 1) * size + 1)]
+            newest.add(chunk[-1])
+            if number < bursts - 1:
+                late.append(chunk.pop(0))
+            burst.extend(chunk)
+        stragglers.update(late)
+        random.Random(26 + number).shuffle(burst)
+        sent.append(burst)
+    return Bursts(sent, stragglers, newest)
+
+
+def contact_updates_in_order(world: World, outcome: Outcome) -> None:
+    """20 versions of one contact and 8 of another, in four bursts shuffled and sent 8 at once
+    by the CRM, a straggler of each burst late in the next: the lane route hands 09 one version
+    of a contact at a time, in version order, and supersedes the stale ones. n8n's executions
+    per contact apply strictly increasing versions, each burst's newest among them, ending at
+    the highest; every key is succeeded or superseded (the stragglers superseded); no version
+    runs twice."""
+    run = uuid.uuid4().hex[:8]
+    versions = {f"contact-{run}-a": CONTACT_VERSIONS, f"contact-{run}-b": SECOND_CONTACT_VERSIONS}
+    contacts = list(versions)
+    bursts = contact_bursts(versions, CONTACT_BURSTS)
+    deliveries = [one for burst in bursts.sent for one in burst]
+    before = {r.id for r in webhook_runs(world.n8n.home, CONTACTS_WORKFLOW_ID)}
+    codes: Counter[int] = Counter()
+    rows: list[tuple[str, int, str, str | None]] = []
+    sent = 0
+    for burst in bursts.sent:
+        with ThreadPoolExecutor(max_workers=CONTACT_SENDERS) as pool:
+            answers = pool.map(lambda d: post_contact_update(world, *d), burst)
+            codes.update(a.status_code for a in answers)
+        sent += len(burst)
+
+        # The next burst comes once the gateway has settled this one.
+        def settled(sent: int = sent) -> list[tuple[str, int, str, str | None]] | None:
+            rows = _contact_keys(world, contacts)
+            done = len(rows) == sent and all(r[2] in LANE_TERMINAL for r in rows)
+            return rows if done else None
+
+        try:
+            rows = wait_until(settled, timeout=120, interval=0.5)
+        except AssertionError:
+            rows = _contact_keys(world, contacts)
+            break
+    outcome.check(
+        all(200 <= code < 300 for code in codes),
+        f"{len(deliveries)} deliveries in {len(bursts.sent)} bursts, {CONTACT_SENDERS} at once"
+        f" -> {dict(codes)}",
+    )
+    statuses = Counter(status for _, _, status, _ in rows)
+    outcome.check(
+        len(rows) == len(deliveries) and set(statuses) <= LANE_TERMINAL,
+        f"gateway keys {dict(sorted(statuses.items()))}",
+    )
+    unexplained = [v for _, v, s, by in rows if s == "superseded" and not by]
+    outcome.check(not unexplained, "every superseded key names the version that superseded it")
+    ended = {(c, v): s for c, v, s, _ in rows}
+    applied_late = sorted(one for one in bursts.late if ended.get(one) != "superseded")
+    outcome.check(
+        not applied_late, f"the {len(bursts.late)} late stragglers superseded (not: {applied_late})"
+    )
+    succeeded = {
+        c: sorted(v for contact, v, s, _ in rows if contact == c and s == "succeeded")
+        for c in contacts
+    }
+    wanted = sum(len(found) for found in succeeded.values())
+
+    def ours() -> list[WebhookRun]:
+        """This case's executions of 09, in the order n8n started them."""
+        return [
+            r
+            for r in webhook_runs(world.n8n.home, CONTACTS_WORKFLOW_ID)
+            if r.id not in before and _applied(r)[0] in versions
+        ]
+
+    # n8n records an execution's end just after its Respond node answered the gateway.
+    def finished() -> list[WebhookRun] | None:
+        runs = ours()
+        done = len(runs) >= wanted and all(r.status in N8N_FINISHED for r in runs)
+        return runs if done else None
+
+    try:
+        runs = wait_until(finished, timeout=60, interval=0.5)
+    except AssertionError:
+        runs = ours()
+    failed = [r.id for r in runs if r.status != "success"]
+    outcome.check(not failed, f"{len(runs)} execution(s) of 09, not successful: {failed}")
+    for label, contact in zip("ab", contacts, strict=True):
+        applied = [v for c, v in map(_applied, runs) if c == contact]
+        newest = sorted(v for c, v in bursts.newest if c == contact)
+        outcome.check(
+            applied == sorted(set(applied))
+            and applied[-1:] == [versions[contact]]
+            and set(newest) <= set(applied),
+            f"n8n applied contact {label} in the order {applied} (each burst's newest {newest})",
+        )
+        outcome.check(
+            sorted(applied) == succeeded[contact],
+            f"contact {label}: one execution per succeeded key ({len(applied)}), none for the"
+            " superseded",
+        )
+        with world.crm.lock:
+            written = [
+                int(r["body"]["version"]) for r in world.crm.requests if contact in r["path"]
+            ]
+        outcome.check(written == applied, f"contact {label}: the CRM got the same writes")
+    outcome.wanted = wanted
+    with world.crm.lock:
+        outcome.tasks = sum(
+            1 for r in world.crm.requests if any(contact in r["path"] for contact in contacts)
+        )
+
+
 CASES = [
     Case("01 gateway: first delivery + redelivery", gateway_first_and_redelivery),
     Case("01 gateway: two deliveries at once", gateway_at_once),
@@ -701,6 +915,7 @@ CASES = [
     Case("07 trigger: bad signature", trigger_bad_signature),
     Case("07 trigger: re-published during a burst", trigger_republished_during_burst),
     Case("08 node: Dedupe, two executions at once", node_dedupe_at_once),
+    Case("09 lanes: a contact's 20 versions shuffled, applied in order", contact_updates_in_order),
 ]
 
 

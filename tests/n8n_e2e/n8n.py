@@ -296,3 +296,61 @@ def executions(home: Path, workflow_id: str) -> int:
             "SELECT count(*) FROM execution_entity WHERE workflowId = ?", (workflow_id,)
         ).fetchone()
     return int(count)
+
+
+def _unflatten(table: list[Any]) -> Any:
+    """n8n's stored run data ("flatted"): every object, array and string is an entry of one
+    list, referred to by its index as a string; the root is entry 0."""
+    done: dict[int, Any] = {}
+
+    def revive(index: int) -> Any:
+        if index in done:
+            return done[index]
+        entry = table[index]
+        if isinstance(entry, dict):
+            found: dict[str, Any] = {}
+            done[index] = found
+            found.update({k: revive(int(v)) if isinstance(v, str) else v for k, v in entry.items()})
+            return found
+        if isinstance(entry, list):
+            items: list[Any] = []
+            done[index] = items
+            items.extend(revive(int(v)) if isinstance(v, str) else v for v in entry)
+            return items
+        return entry
+
+    return revive(0)
+
+
+@dataclass(frozen=True)
+class WebhookRun:
+    """One execution of a workflow started by its Webhook node, as n8n recorded it."""
+
+    id: int
+    status: str
+    started_at: str | None
+    stopped_at: str | None
+    body: Any
+
+
+def webhook_runs(home: Path, workflow_id: str, node: str = "Webhook") -> list[WebhookRun]:
+    """Every execution of one workflow in the order n8n started them, with the request body its
+    Webhook node received (its sqlite)."""
+    database = home / ".n8n" / "database.sqlite"
+    if not database.exists():
+        return []
+    with contextlib.closing(sqlite3.connect(database)) as conn:
+        rows = conn.execute(
+            "SELECT e.id, e.status, e.startedAt, e.stoppedAt, d.data FROM execution_entity e"
+            " JOIN execution_data d ON d.executionId = e.id"
+            " WHERE e.workflowId = ? ORDER BY e.id",
+            (workflow_id,),
+        ).fetchall()
+    runs = []
+    for execution_id, status, started_at, stopped_at, data in rows:
+        run_data = _unflatten(json.loads(data))["resultData"]["runData"]
+        body = None
+        if node in run_data:
+            body = run_data[node][0]["data"]["main"][0][0]["json"].get("body")
+        runs.append(WebhookRun(int(execution_id), str(status), started_at, stopped_at, body))
+    return runs

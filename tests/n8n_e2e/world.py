@@ -3,7 +3,8 @@
 A database and a Redis of the run's own, the gateway's receiver, relay, worker and sweeper (as
 tests/support.py `Stack` starts them), a second receiver whose signing secret was rotated, a
 TCP proxy in front of the receivers (cut it and the gateway is down for n8n), the fake CRM
-(tests/support.py `Downstream`), the scripted chat model, and n8n with the n8n-nodes-idem package
+(tests/support.py `Downstream`), the scripted chat model, the lane route and the CRM source
+of examples/routes.toml (09's), and n8n with the n8n-nodes-idem package
 installed (tests/n8n_e2e/idem_node.py) and every workflow of examples/n8n imported, its Config
 pointed here, its credentials created and published.
 """
@@ -16,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+import tomllib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,6 +57,11 @@ CLAIMS_CREDENTIAL = "idemClaimsToken1"
 SIGNING_CREDENTIAL = "idemWebhookSign1"
 MODEL_CREDENTIAL = "idemOpenAiModel1"
 IDEM_NODE_CREDENTIAL = "idemApiCredent01"
+# 09: the CRM's contact updates through the lane route `crm-contacts` of examples/routes.toml,
+# signed as its source `crm` (Standard Webhooks) with this secret.
+CONTACTS_ROUTE = "crm-contacts"
+CONTACTS_SOURCE = "crm"
+CONTACTS_SECRET = "whsec_" + base64.b64encode(b"n8n-e2e-crm-contact-updates-key!").decode()
 
 
 @dataclass
@@ -131,6 +138,33 @@ def configured(workflow: dict[str, Any], values: dict[str, str]) -> dict[str, An
     return copy
 
 
+def _toml_table(kind: str, table: dict[str, Any]) -> str:
+    """One `[[kind]]` table of scalars and lists (JSON's string syntax is TOML's)."""
+    lines = "".join(f"{name} = {json.dumps(value)}\n" for name, value in table.items())
+    return f"[[{kind}]]\n{lines}\n"
+
+
+def example_contacts_route(n8n_url: str) -> tuple[str, str]:
+    """The lane route and its provider source as examples/routes.toml declares them, the route's
+    URL pointed at this n8n's webhook of examples/n8n/09 and the source's secret at this run's;
+    its timeouts within the stack's LEASE_SECONDS (5 s) and its backoff shortened so a retry
+    comes within the run."""
+    example = tomllib.loads((ROOT / "examples" / "routes.toml").read_text(encoding="utf-8"))
+    route = next(r for r in example["routes"] if r.get("name") == CONTACTS_ROUTE)
+    source = next(s for s in example["sources"] if s["name"] == CONTACTS_SOURCE)
+    path = route["url"].rsplit("/webhook/", 1)[1]
+    route = {
+        **route,
+        "url": f"{n8n_url}/webhook/{path}",
+        "connect_timeout_seconds": 1,
+        "read_timeout_seconds": 3,
+        "backoff_base_seconds": 0.5,
+        "backoff_cap_seconds": 2,
+    }
+    source = {**source, "secret": CONTACTS_SECRET}
+    return _toml_table("routes", route), _toml_table("sources", source)
+
+
 def example_workflows() -> dict[str, dict[str, Any]]:
     """Every workflow file of examples/n8n by file name."""
     return {
@@ -151,11 +185,14 @@ def world(binary: Path, keep: bool = False) -> Iterator[World]:
     routes = write_routes(work / "routes.toml", crm.url)
     n8n = N8n(binary=binary, home=work / "n8n-home", log_dir=logs)
     # 07: a slow workflow behind the Idem Trigger, the gateway's read timeout shorter than it;
-    # before the catch-all route (the first match wins).
+    # 09: the example's lane route to its webhook and its provider source; the routes before
+    # the catch-all route (the first match wins).
     text = routes.read_text(encoding="utf-8")
     catch_all = text.index('[[routes]]\nmatch = "*"')
+    contacts_route, contacts_source = example_contacts_route(n8n.url)
     routes.write_text(
         text[:catch_all]
+        + contacts_route
         + f"""[[routes]]
 match = "trigger.*"
 name = "trigger"
@@ -170,7 +207,9 @@ backoff_cap_seconds = 2
 max_attempts = 4
 
 """
-        + text[catch_all:],
+        + text[catch_all:]
+        + "\n"
+        + contacts_source,
         encoding="utf-8",
     )
     n8n.home.mkdir()

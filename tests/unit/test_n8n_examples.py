@@ -32,7 +32,9 @@ NODE_SEND_EVENT = "06-send-event-with-idem-node.json"
 NODE_TRIGGER = "07-idem-trigger.json"
 NODE_CLAIMS = [NODE_CLAIM, NODE_HEARTBEAT]
 NODE_WORKFLOWS = [*NODE_CLAIMS, NODE_SEND_EVENT, NODE_TRIGGER]
-EVERY_WORKFLOW = [*WORKFLOWS, *NODE_WORKFLOWS]
+# The gateway's lane route delivers a contact's updates in order: Webhook -> CRM -> answer.
+LANE_CONTACTS = "09-ordered-contact-updates.json"
+EVERY_WORKFLOW = [*WORKFLOWS, *NODE_WORKFLOWS, LANE_CONTACTS]
 IDEM_NODE = "n8n-nodes-idem.idem"
 IDEM_NODE_SOURCE = ROOT / "integrations" / "n8n-nodes-idem" / "nodes" / "Idem" / "Idem.node.ts"
 

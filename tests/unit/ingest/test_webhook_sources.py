@@ -195,9 +195,10 @@ def test_webhook_secrets_and_the_file_make_the_sources() -> None:
 
 def test_the_example_routes_file_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     """examples/routes.toml is valid once its secrets are in the environment, and declares the
-    four provider sources."""
-    for name in ("BILLING", "STRIPE", "GITHUB", "ACME"):
-        monkeypatch.setenv(f"{name}_WEBHOOK_SECRET", STANDARD if name == "ACME" else SECRET)
+    provider sources."""
+    for name in ("BILLING", "STRIPE", "GITHUB", "ACME", "CRM"):
+        standard = name in ("ACME", "CRM")
+        monkeypatch.setenv(f"{name}_WEBHOOK_SECRET", STANDARD if standard else SECRET)
     monkeypatch.setenv("SHOPIFY_CLIENT_SECRET", SECRET)
     table = load_routes(Path(__file__).parents[3] / "examples" / "routes.toml")
     schemes = {name: source.scheme for name, source in table.sources.items()}
@@ -207,4 +208,5 @@ def test_the_example_routes_file_loads(monkeypatch: pytest.MonkeyPatch) -> None:
         "github": "github",
         "shopify": "shopify",
         "acme": "standard",
+        "crm": "standard",
     }
