@@ -101,7 +101,7 @@ DECLARE
     v_wait integer;
 BEGIN
     -- The key, still held by this caller (its row first: the lock order of every path).
-    SELECT i.idempotency_key, i.route, i.lane, i.lane_rank, e.version INTO k
+    SELECT i.idempotency_key, i.route, i.lane, i.lane_rank, i.uncertain, e.version INTO k
       FROM idempotency_keys i JOIN events e USING (idempotency_key)
      WHERE i.idempotency_key = p_key AND i.fence = p_fence AND i.lease_token = p_token
        AND i.status = 'processing'
@@ -120,10 +120,13 @@ BEGIN
     RETURNING l.applied_rank, l.applied_version INTO ln;
 
     IF p_ordering = 'supersede' THEN
-        -- Applied already, or a newer version waits or runs: this one never acts.
+        -- Applied already, or a newer version waits or runs: this one never acts. Unless an
+        -- earlier attempt of this one may have reached the downstream (uncertain): it goes
+        -- first and ends certain (reconcile, or act), and the newer one goes after it, so
+        -- a late write of the older never lands over the newer.
         IF ln.applied_rank IS NOT NULL AND ln.applied_rank >= k.lane_rank THEN
             v_newer := ln.applied_version;
-        ELSE
+        ELSIF NOT k.uncertain THEN
             SELECT e.version INTO v_newer
               FROM idempotency_keys o JOIN events e USING (idempotency_key)
              WHERE o.route = k.route AND o.lane = k.lane AND o.lane_rank > k.lane_rank
@@ -150,13 +153,18 @@ BEGIN
             k.route, k.lane, k.lane_rank, k.version, p_on_failure = 'block');
     END IF;
 
-    -- Another key of the lane runs (a live lease or one a re-drive will take over), or, in
-    -- acceptance order, an older key has not finished or holds the lane with a dead letter.
-    SELECT GREATEST(1, CEIL(EXTRACT(EPOCH FROM max(o.locked_until) - now())))::integer
+    -- Another key of the lane runs (a live lease or one a re-drive will take over) or, a
+    -- worker's key, waits to retry after an outcome that may have reached the downstream (its
+    -- retry is scheduled; a workflow that failed a claim may never come back, so its key does
+    -- not hold the lane); or, in acceptance order, an older key has not finished or holds the
+    -- lane with a dead letter.
+    SELECT GREATEST(1, CEIL(EXTRACT(EPOCH FROM
+               max(COALESCE(o.locked_until, o.next_attempt_at)) - now())))::integer
       INTO v_wait
       FROM idempotency_keys o
-     WHERE o.route = k.route AND o.lane = k.lane AND o.status = 'processing'
-       AND o.idempotency_key <> p_key
+     WHERE o.route = k.route AND o.lane = k.lane AND o.idempotency_key <> p_key
+       AND (o.status = 'processing'
+            OR (o.status = 'failed_retryable' AND o.uncertain AND o.actor = 'worker'))
     HAVING count(*) > 0;
     IF v_wait IS NULL AND p_ordering = 'accepted' AND EXISTS (
         SELECT 1 FROM idempotency_keys o
@@ -193,8 +201,9 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 -- Hand a free lane to its next parked key: the oldest in acceptance order, the newest under
 -- supersede (older parked keys are superseded by it first). Nothing when a key of the lane
--- runs, or (acceptance order) an older key is still on its way or holds the lane with a dead
--- letter: that key's own change wakes the lane later.
+-- runs or waits to retry an outcome that may have reached the downstream, or (acceptance
+-- order) an older key is still on its way or holds the lane with a dead letter: that key's
+-- own change wakes the lane later.
 DECLARE
     ln record;
     nxt record;
@@ -205,7 +214,10 @@ BEGIN
         RETURN 0;
     END IF;
     IF EXISTS (SELECT 1 FROM idempotency_keys
-                WHERE route = p_route AND lane = p_lane AND status = 'processing') THEN
+                WHERE route = p_route AND lane = p_lane
+                  AND (status = 'processing'
+                       OR (status = 'failed_retryable' AND uncertain AND actor = 'worker')))
+    THEN
         RETURN 0;
     END IF;
     SELECT k.idempotency_key, k.lane_rank, k.correlation_id, e.version INTO nxt

@@ -281,6 +281,42 @@ def test_an_older_version_after_a_newer_one_is_superseded_without_a_call(
     assert recorder.applied["s1"] == ["2026-12-01T10:00:00Z"]
 
 
+def test_an_uncertain_older_version_holds_its_lane_until_it_is_certain(
+    protected: tuple[Stack, Path], downstream: Downstream
+) -> None:
+    """v1 reaches the downstream but its answer is lost (past the read timeout): v1 is
+    uncertain and waits to retry. v2, arriving meanwhile, waits behind it instead of going
+    first (a write of v1 still in flight could land over it); v1's retry reconciles (found)
+    and ends succeeded, then v2 is applied. Without the hold, v2 went first and v1, although
+    applied, ended superseded."""
+    stack, routes = protected
+    _routes(routes, downstream.url)
+    _started(stack)
+    recorder = Recorder(downstream, delay=0.0)
+    plain = recorder.reply
+    lost: list[str] = []
+
+    def answer_lost_once(key: str, number: int) -> Reply:
+        reply = plain(key, number)
+        if not lost:  # the very first request, v1's: committed, its answer lost
+            lost.append(key)
+            return Reply(201, delay=3)  # the route's read timeout is 2 s
+        return reply
+
+    downstream.behaviour = answer_lost_once
+    first = _send(stack, "contact.updated", "u1", 1).json()["key"]
+    wait_until(lambda: downstream.effects[first] == 1, timeout=30)
+    second = _accepted(stack, recorder, "contact.updated", "u1", 2)
+    wait_until(lambda: _settled(stack, [first, second]), timeout=60, interval=0.2)
+    assert _states(stack, [first, second]) == {
+        first: ("succeeded", None),
+        second: ("succeeded", None),
+    }
+    assert recorder.applied["u1"] == [1, 2]
+    assert downstream.effects == {first: 1, second: 1}
+    assert first in downstream.lookups  # reconciled, found, not sent again
+
+
 def _replay(stack: Stack, keys: list[str]) -> None:
     headers = {**AUTH, "X-Operator": "ops-ada"}
     with stack.client() as client:
@@ -426,24 +462,30 @@ def test_a_replayed_old_version_is_superseded_not_applied(
 def test_a_paused_route_keeps_its_lanes_in_order_through_resume(
     protected: tuple[Stack, Path], downstream: Downstream
 ) -> None:
-    """Events of an ordered route arrive while it is paused; on resume every key is queued at
-    once, and each object's updates still apply one at a time in acceptance order."""
+    """Events of an ordered route arrive while it is paused: each lane's head waits for the
+    route (`route_paused`), the rest for their lane (`lane_waiting`), none spends an attempt;
+    on resume each object's updates apply one at a time in acceptance order."""
     stack, routes = protected
     _routes(routes, downstream.url)
     _started(stack)
     recorder = Recorder(downstream, delay=0.05)
     headers = {**AUTH, "X-Operator": "ops-ada"}
     with stack.client() as client:
-        assert client.post("/v1/routes/ledger/pause", json={}, headers=headers).status_code == 200
+        assert (
+            client.post(
+                "/v1/routes/ledger/pause", json={"reason": "CRM upgrade"}, headers=headers
+            ).status_code
+            == 200
+        )
     keys = [_accepted(stack, recorder, "ledger.entry", f"acct-p{n % 2}", n) for n in range(1, 13)]
     wait_until(
         lambda: (
             query(
                 stack.database_url,
-                "SELECT count(*) FROM idempotency_keys WHERE route = 'ledger'"
-                " AND status = 'pending' AND error_code = 'route_paused'",
+                "SELECT error_code, count(*), sum(attempts) FROM idempotency_keys"
+                " WHERE route = 'ledger' AND status = 'pending' GROUP BY 1 ORDER BY 1",
             )
-            == [(12,)]
+            == [("lane_waiting", 10, 0), ("route_paused", 2, 0)]
         ),
         timeout=30,
     )
