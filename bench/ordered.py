@@ -13,13 +13,12 @@ first); every accepted event must finish. The ratio is the median of the rounds'
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from bench.context import Bench
 from bench.infra import WorkerShape, scalar
-from bench.load import Spec, generate
-from bench.pipeline import CpuMeter, burst_summary, idem_times, wait_idem_drained
+from bench.load import Spec
+from bench.pipeline import CpuMeter, idem_burst, wait_idem_drained
 from bench.report import Check, median
 
 LANES = 1000
@@ -71,25 +70,17 @@ def run(bench: Bench) -> tuple[dict[str, Any], list[Check]]:
             shift = round_number % len(kinds)
             for kind in kinds[shift:] + kinds[:shift]:
                 source = f"lanes-{kind}-{round_number}"
-                cpu_before = cpu.read()
-                burst = generate(
-                    Spec(
-                        url=receiver,
-                        mode="lanes",
-                        lanes=LANES,
-                        event_type=KINDS[kind],
-                        concurrency=CONCURRENCY,
-                        duration=profile.e2e_burst_seconds,
-                        source=source,
-                        watch_pids=pids,
-                    )
+                spec = Spec(
+                    url=receiver,
+                    mode="lanes",
+                    lanes=LANES,
+                    event_type=KINDS[kind],
+                    concurrency=CONCURRENCY,
+                    duration=profile.e2e_burst_seconds,
+                    source=source,
+                    watch_pids=pids,
                 )
-                started = time.monotonic()
-                wait_idem_drained(url, 600)
-                drained = time.monotonic() - started
-                times = idem_times(url, source, FINISHED)
-                summary = burst_summary(burst.ok, times, drained, burst.errors)
-                summary["cpu_ms_per_event"] = cpu.per_event_ms(cpu_before, burst.ok)
+                summary = idem_burst(url, spec, cpu, FINISHED)
                 summary["superseded"] = int(
                     scalar(
                         url,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,6 +265,28 @@ def claim_key(seed: int, index: int, wanted: str | None = None) -> str:
     raise AssertionError(f"no key with behaviour {wanted}")  # 10 000 misses: not in practice
 
 
+def _copies(
+    rng: random.Random,
+    event: PlannedEvent,
+    count: int,
+    first: float,
+    duration: float,
+    body: Callable[[], dict[str, Any]],
+) -> list[Delivery]:
+    """`count` more deliveries of `event`, first delivered at `first`: each soon (0-8 s
+    later), at the same instant, or late (in the last 7 % of the run)."""
+    copies = []
+    for _ in range(count):
+        kind = rng.choices((SOON, CONCURRENT, LATE), weights=(50, 25, 25))[0]
+        at = {
+            SOON: first + rng.uniform(0.05, 8.0),
+            CONCURRENT: first,
+            LATE: rng.uniform(0.93, 1.0) * duration,
+        }[kind]
+        copies.append(Delivery(event, kind, at, body()))
+    return copies
+
+
 def plan_events(
     seed: int, count: int, duration: float, claims_share: float = CLAIMS_SHARE
 ) -> tuple[list[PlannedEvent], list[Delivery]]:
@@ -308,14 +331,7 @@ def plan_events(
         first = window * index / count + rng.uniform(0, window / count)
         deliveries.append(Delivery(event, FIRST, first, body()))
         copies = rng.choices((1, 2, 3, 4), weights=(40, 30, 20, 10))[0]
-        for _ in range(copies - 1):
-            kind = rng.choices((SOON, CONCURRENT, LATE), weights=(50, 25, 25))[0]
-            at = {
-                SOON: first + rng.uniform(0.05, 8.0),
-                CONCURRENT: first,
-                LATE: rng.uniform(0.93, 1.0) * duration,
-            }[kind]
-            deliveries.append(Delivery(event, kind, at, body()))
+        deliveries.extend(_copies(rng, event, copies - 1, first, duration, body))
         if event.abandon:
             # The provider's redelivery after the crashed run, past the longest lease (the
             # workflow also redelivers a crashed run itself, whenever it crashes).
@@ -371,14 +387,7 @@ def plan_ordered(
             first = instant if same else start + rng.uniform(0, ORDERED_SPREAD_SECONDS)
             deliveries.append(Delivery(event, FIRST, first, event.body()))
             copies = rng.choices((1, 2, 3), weights=(40, 40, 20))[0]
-            for _ in range(copies - 1):
-                kind = rng.choices((SOON, CONCURRENT, LATE), weights=(50, 25, 25))[0]
-                at = {
-                    SOON: first + rng.uniform(0.05, 8.0),
-                    CONCURRENT: first,
-                    LATE: rng.uniform(0.93, 1.0) * duration,
-                }[kind]
-                deliveries.append(Delivery(event, kind, at, event.body()))
+            deliveries.extend(_copies(rng, event, copies - 1, first, duration, event.body))
 
 
 def plan_faults(seed: int, duration: float) -> list[Fault]:
