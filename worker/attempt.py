@@ -1,5 +1,5 @@
-"""One attempt at a key, top to bottom: claim → admit → act (reconcile first when uncertain)
-→ record → tell, ending in one closed outcome.
+"""One attempt at a key, top to bottom: claim → order → admit → act (reconcile first when
+uncertain) → record → tell, ending in one closed outcome.
 
 The broker may deliver a message twice, late, or after another worker already finished the key;
 the claim makes all of that harmless. Recording names the fence and the claim's token, so an
@@ -15,6 +15,8 @@ Every path out of an attempt ends in a recorded outcome or in a lease given up:
 - when the lease is lost, or cannot be proven (the database is unreachable), the attempt stops
   waiting and records nothing; the next holder finds the key uncertain and looks first;
 - a success whose result cannot be stored is still a success (`worker.results`);
+- a key whose lane is not its turn is parked unspent, and a stale version is recorded
+  `superseded`, before anything else (`worker.lanes`, order);
 - a key its route cannot take now (paused, circuit open, over a limit) is given back unspent
   before any external call (`worker.guard`, admit);
 - the outcome is recorded first, and only a recorded outcome at the downstream is then told to
@@ -43,14 +45,17 @@ from worker.actions import ActionContext, ActionResult, get_action, get_reconcil
 from worker.errors import Failure, classify
 from worker.guard import Admitted, Held, RouteGuard
 from worker.instruments import ACTION_SECONDS, ATTEMPTS, OTHER_ROUTE, RECONCILED
+from worker.lanes import order
 from worker.lease import Heartbeat
 from worker.outcomes import (
     DeadLetter,
     Deferred,
+    LaneWaiting,
     LeaseGivenUp,
     Outcome,
     RetryLater,
     Succeeded,
+    Superseded,
     after_failure,
 )
 from worker.store import Blocked, Claim, Failed, KeyStore
@@ -120,6 +125,8 @@ def run_attempt(
             ),
             "retries_exhausted",
         )
+    elif (turn := order(store, route, claim)) is not None:
+        outcome = turn
     else:
         limit = route.timeout_seconds or lease_seconds * DEFAULT_TIMEOUT_LEASES
         rng = rng or random.Random()
@@ -140,6 +147,8 @@ def run_attempt(
     error_code = outcome.failure.error_code if isinstance(outcome, RetryLater | DeadLetter) else ""
     if isinstance(outcome, Deferred):
         error_code = outcome.reason
+    if isinstance(outcome, LaneWaiting):
+        error_code = "lane_waiting"
     ATTEMPTS.labels(result, error_code).inc()
     # The configured route's label: a key's stored route may name one no longer configured.
     ACTION_SECONDS.labels(route.label if route is not None else OTHER_ROUTE).observe(elapsed)
@@ -199,6 +208,24 @@ def _log_finished(outcome: Outcome, recorded: bool, duration_ms: float) -> str:
                 duration_ms=duration_ms,
             )
             return "deferred"
+        case LaneWaiting():
+            log.info(
+                "attempt.finished",
+                outcome="lane_waiting",
+                transition="processing -> pending (parked behind its lane, attempt returned)",
+                expected_wait=outcome.expected,
+                duration_ms=duration_ms,
+            )
+            return "deferred"
+        case Superseded():
+            log.info(
+                "attempt.finished",
+                outcome="superseded",
+                transition="processing -> superseded",
+                superseded_by=outcome.by,
+                duration_ms=duration_ms,
+            )
+            return "superseded"
         case LeaseGivenUp():
             raise AssertionError("a lease given up is never recorded")
         case _:
@@ -352,6 +379,8 @@ def _record(store: KeyStore, claim: Claim, outcome: Outcome) -> bool:
             return (
                 store.defer(claim, delay, reason, detail, starts_budget=starts_budget) is not None
             )
+        case LaneWaiting() | Superseded():
+            return True  # the lane step decided and wrote it in one call
         case LeaseGivenUp():
             return False
         case _:

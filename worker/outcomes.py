@@ -53,7 +53,24 @@ class Deferred:
     starts_budget: bool = False
 
 
-Outcome = Succeeded | RetryLater | DeadLetter | LeaseGivenUp | Deferred
+@dataclass(frozen=True)
+class LaneWaiting:
+    """Its lane is not its turn: parked unspent by the lane step (recorded already), handed
+    on when the lane frees. `expected` is about how long the key running there still holds
+    it, for the log line."""
+
+    expected: float
+
+
+@dataclass(frozen=True)
+class Superseded:
+    """A newer version of the object was applied, waits or runs: recorded `superseded` by the
+    lane step, never acted on."""
+
+    by: str
+
+
+Outcome = Succeeded | RetryLater | DeadLetter | LeaseGivenUp | Deferred | LaneWaiting | Superseded
 
 
 def after_failure(

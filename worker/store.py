@@ -70,6 +70,8 @@ class Claim:
     route_state: RouteView = field(default_factory=RouteView)
     # The route's in-flight slot this attempt holds, renewed with the lease.
     permit: int | None = None
+    # Its lane on a route with `order_by` (worker.lanes), else None.
+    lane: str | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,7 @@ class KeyStore:
                     circuit=row["route_circuit"] or "closed",
                     open_until=row["route_open_until"],
                 ),
+                lane=row["lane"],
             )
         state = self.one(
             lifecycle.KEY_STATE, {"key": key, "payload_hash": None, "refused_by": "worker"}

@@ -90,9 +90,10 @@ CREATE FUNCTION lane_admit(
     p_ttl_seconds float8
 ) RETURNS TABLE (decision text, superseded_by text, retry_after integer)
 LANGUAGE plpgsql AS $$
+#variable_conflict use_column
 DECLARE
     k record;
-    l record;
+    ln record;
     v_newer text;
     v_wait integer;
 BEGIN
@@ -113,12 +114,12 @@ BEGIN
     ON CONFLICT (route, lane) DO UPDATE
        SET ordering = EXCLUDED.ordering, on_failure = EXCLUDED.on_failure,
            expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at), updated_at = now()
-    RETURNING l.applied_rank, l.applied_version INTO l;
+    RETURNING l.applied_rank, l.applied_version INTO ln;
 
     IF p_ordering = 'supersede' THEN
         -- Applied already, or a newer version waits or runs: this one never acts.
-        IF l.applied_rank IS NOT NULL AND l.applied_rank >= k.lane_rank THEN
-            v_newer := l.applied_version;
+        IF ln.applied_rank IS NOT NULL AND ln.applied_rank >= k.lane_rank THEN
+            v_newer := ln.applied_version;
         ELSE
             SELECT e.version INTO v_newer
               FROM idempotency_keys o JOIN events e USING (idempotency_key)
@@ -182,18 +183,19 @@ END
 $$
 """
 
-_WAKE = f"""
+_WAKE = """
 CREATE FUNCTION lane_wake(p_route text, p_lane text) RETURNS integer
 LANGUAGE plpgsql AS $$
+#variable_conflict use_column
 -- Hand a free lane to its next parked key: the oldest in acceptance order, the newest under
 -- supersede (older parked keys are superseded by it first). Nothing when a key of the lane
 -- runs, or (acceptance order) an older key is still on its way or holds the lane with a dead
 -- letter: that key's own change wakes the lane later.
 DECLARE
-    l record;
+    ln record;
     nxt record;
 BEGIN
-    SELECT ordering, on_failure INTO l FROM lanes
+    SELECT ordering, on_failure INTO ln FROM lanes
      WHERE route = p_route AND lane = p_lane FOR UPDATE;
     IF NOT FOUND THEN
         RETURN 0;
@@ -206,25 +208,25 @@ BEGIN
       FROM idempotency_keys k JOIN events e USING (idempotency_key)
      WHERE k.route = p_route AND k.lane = p_lane AND k.status = 'pending'
        AND k.error_code = 'lane_waiting' AND k.actor = 'worker'
-     ORDER BY CASE WHEN l.ordering = 'supersede' THEN -k.lane_rank ELSE k.lane_rank END
+     ORDER BY CASE WHEN ln.ordering = 'supersede' THEN -k.lane_rank ELSE k.lane_rank END
      LIMIT 1
        FOR UPDATE OF k SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
-    IF l.ordering = 'accepted' AND EXISTS (
+    IF ln.ordering = 'accepted' AND EXISTS (
         SELECT 1 FROM idempotency_keys o
          WHERE o.route = p_route AND o.lane = p_lane AND o.lane_rank < nxt.lane_rank
            AND ((o.status IN ('pending', 'failed_retryable')
                  AND o.error_code IS DISTINCT FROM 'lane_waiting')
-                OR (l.on_failure = 'block' AND o.status IN ('failed_final', 'quarantined')
+                OR (ln.on_failure = 'block' AND o.status IN ('failed_final', 'quarantined')
                     AND EXISTS (SELECT 1 FROM dead_letters d
                                  WHERE d.idempotency_key = o.idempotency_key
                                    AND d.resolution = 'open')))
     ) THEN
         RETURN 0;
     END IF;
-    IF l.ordering = 'supersede' THEN
+    IF ln.ordering = 'supersede' THEN
         PERFORM lane_supersede_older(p_route, p_lane, nxt.lane_rank, nxt.version);
     END IF;
     UPDATE idempotency_keys

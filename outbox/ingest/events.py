@@ -24,7 +24,7 @@ from outbox.core.problems import Problem, field_errors, json_response, problem_r
 from outbox.core.routes import RouteTable
 from outbox.core.settings import Settings
 from outbox.core.timewindow import iso
-from outbox.ingest import admission, intake
+from outbox.ingest import admission, intake, lanes
 from outbox.ingest.answers import respond
 from outbox.ingest.envelope import Envelope
 from outbox.ingest.fastpath import EVENTS_PATH, read_body
@@ -79,6 +79,8 @@ def event_ingest(
             key = keys.scoped_client_key(envelope.normalized_source, client_key)
         else:
             key = envelope.derived_key(fold_external_id_case=route.fold_external_id_case)
+        version = None if envelope.version is None else str(envelope.version)
+        where = lanes.place(route, envelope.payload, str(envelope.external_id), version)
         event = intake.NewEvent(
             key=key,
             payload_hash=envelope.payload_hash(fold_external_id_case=route.fold_external_id_case),
@@ -86,13 +88,15 @@ def event_ingest(
             source=envelope.normalized_source,
             event_type=event_type,
             external_id=str(envelope.external_id),
-            version=None if envelope.version is None else str(envelope.version),
+            version=version,
             payload_json=envelope.payload_json,
             route=route.label,
             ttl_seconds=route.ttl_seconds,
             workflow_name=envelope.workflow,
             execution_id=None if envelope.execution_id is None else str(envelope.execution_id),
             contract_violations=tuple(contract.violations(route, envelope.payload)),
+            lane=None if where is None else where.lane,
+            lane_rank=None if where is None else where.rank,
         )
         outcome = await database(intake.accept(engine(), event))
         return respond(outcome, event, metrics)

@@ -36,6 +36,10 @@ class NewEvent:
     execution_id: str | None
     # Why the event breaks its route's contract; empty when it keeps it.
     contract_violations: tuple[str, ...] = ()
+    # Its lane on a route with `order_by` (outbox.ingest.lanes), and its rank there when the
+    # route compares versions (None: the database numbers it in order of acceptance).
+    lane: str | None = None
+    lane_rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,8 @@ async def accept(engine: AsyncEngine, event: NewEvent) -> Outcome:
         "workflow_name": event.workflow_name,
         "execution_id": event.execution_id,
         "task_name": PROCESS_TASK,
+        "lane": event.lane,
+        "lane_rank": event.lane_rank,
     }
     reserve = sql.RESERVE_KEY
     if event.contract_violations:

@@ -35,7 +35,7 @@ from outbox.core.logs import get_logger
 from outbox.core.problems import Problem, json_response, problem_responses
 from outbox.core.routes import Route, RouteTable, Source
 from outbox.core.settings import Settings
-from outbox.ingest import admission, intake
+from outbox.ingest import admission, intake, lanes
 from outbox.ingest.answers import respond
 from outbox.ingest.fastpath import read_body
 from outbox.ingest.metrics import EventCounters
@@ -111,6 +111,8 @@ def provider_event(
     if source.version is not None:
         version = read_field(source.version, document, headers)
     route = admission.route_for(routes, source.key, event_type)
+    stored_version = None if version is None else version[: _LIMITS["version"]]
+    where = lanes.place(route, document, external_id[: _LIMITS["external_id"]], stored_version)
     event = intake.NewEvent(
         key=keys.derive_key(source.key, "webhook", event_id, version),
         payload_hash=keys.event_hash(source.key, event_type, event_id, version, "null"),
@@ -118,13 +120,15 @@ def provider_event(
         source=source.key,
         event_type=event_type,
         external_id=external_id[: _LIMITS["external_id"]],
-        version=None if version is None else version[: _LIMITS["version"]],
+        version=stored_version,
         payload_json=keys.canonical_json(document),
         route=route.label,
         ttl_seconds=route.ttl_seconds,
         workflow_name=None,
         execution_id=None,
         contract_violations=tuple(contract.violations(route, document)),
+        lane=None if where is None else where.lane,
+        lane_rank=None if where is None else where.rank,
     )
     return event, route
 

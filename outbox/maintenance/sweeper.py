@@ -25,6 +25,7 @@ from outbox.core.logs import get_logger
 from outbox.core.settings import Settings
 from outbox.core.wire import PROCESS_TASK
 from outbox.maintenance.purge import purge
+from outbox.store import lanes
 from outbox.store import maintenance as sql
 
 log = get_logger(__name__)
@@ -38,6 +39,8 @@ class SweepReport:
     leases_reclaimed: int
     redriven: int
     purged_keys: int = 0
+    # Lanes handed on to a parked key after nothing else did (see WAKE_IDLE_LANES).
+    lanes_woken: int = 0
     pruned_outbox_rows: int = 0
 
 
@@ -53,6 +56,7 @@ def sweep_once(engine: Engine, settings: Settings) -> SweepReport | None:
             return None
         reclaimed = conn.execute(sql.REDRIVE_EXPIRED_LEASES, params).all()
         redriven = conn.execute(sql.REDRIVE_STALLED_KEYS, params).all()
+        woken = conn.execute(lanes.WAKE_IDLE_LANES, params).scalar_one()
     # One bounded batch of TTL purging per pass, outside the lock's transaction: it never
     # touches a processing key or one with an open dead letter.
     purged = purge(
@@ -65,6 +69,7 @@ def sweep_once(engine: Engine, settings: Settings) -> SweepReport | None:
     return SweepReport(
         leases_reclaimed=len(reclaimed),
         redriven=len(redriven),
+        lanes_woken=int(woken),
         purged_keys=purged.expired_keys,
         pruned_outbox_rows=purged.published_outbox_rows,
     )
@@ -85,11 +90,14 @@ def run_sweeper(settings: Settings, engine: Engine, stop: threading.Event) -> No
         except Exception as error:
             log.warning("sweeper.failed", error=type(error).__name__, detail=str(error)[:200])
         else:
-            if report is not None and (report.leases_reclaimed or report.redriven):
+            if report is not None and (
+                report.leases_reclaimed or report.redriven or report.lanes_woken
+            ):
                 log.info(
                     "sweeper.redrove",
                     leases_reclaimed=report.leases_reclaimed,
                     redriven=report.redriven,
+                    lanes_woken=report.lanes_woken,
                 )
             if report is not None and (report.purged_keys or report.pruned_outbox_rows):
                 log.info(

@@ -13,7 +13,9 @@ from sqlalchemy import TextClause, text
 RESERVE_KEY: TextClause = text(
     """
     -- Reserve the key, store the event and write its outbox row in ONE statement: either all
-    -- three exist at commit or none. A repeat is answered by the same statement: a known key
+    -- three exist at commit or none. A key with a lane gets its rank there: the version's
+    -- (:lane_rank) or, in order of acceptance, the next number of `lane_acceptance`. A repeat
+    -- is answered by the same statement: a known key
     -- with the same payload hash counts the repeat and returns the key's current state
     -- (`inserted` false: a new key's count is 0, a counted repeat's at least 1), and nothing
     -- else is written; a concurrent repeat waits for the first insert's transaction, then does
@@ -22,11 +24,14 @@ RESERVE_KEY: TextClause = text(
     WITH reserved AS (
         INSERT INTO idempotency_keys (
             idempotency_key, payload_hash, correlation_id, source, event_type, route,
-            workflow_name, execution_id, expires_at
+            workflow_name, execution_id, expires_at, lane, lane_rank
         )
         VALUES (
             :key, :payload_hash, :correlation_id, :source, :event_type, :route,
-            :workflow_name, :execution_id, now() + make_interval(secs => :ttl_seconds)
+            :workflow_name, :execution_id, now() + make_interval(secs => :ttl_seconds),
+            :lane,
+            CASE WHEN CAST(:lane AS text) IS NULL THEN NULL
+                 ELSE COALESCE(CAST(:lane_rank AS numeric), nextval('lane_acceptance')) END
         )
         ON CONFLICT (idempotency_key) DO UPDATE
            SET duplicate_count = idempotency_keys.duplicate_count + 1
@@ -55,12 +60,15 @@ RESERVE_KEY_QUARANTINED: TextClause = text(
     WITH reserved AS (
         INSERT INTO idempotency_keys (
             idempotency_key, status, payload_hash, correlation_id, source, event_type, route,
-            workflow_name, execution_id, error_code, error_detail, first_failed_at, expires_at
+            workflow_name, execution_id, error_code, error_detail, first_failed_at, expires_at,
+            lane, lane_rank
         )
         VALUES (
             :key, 'quarantined', :payload_hash, :correlation_id, :source, :event_type, :route,
             :workflow_name, :execution_id, 'contract_violation', :error_detail, now(),
-            now() + make_interval(secs => :ttl_seconds)
+            now() + make_interval(secs => :ttl_seconds), :lane,
+            CASE WHEN CAST(:lane AS text) IS NULL THEN NULL
+                 ELSE COALESCE(CAST(:lane_rank AS numeric), nextval('lane_acceptance')) END
         )
         ON CONFLICT (idempotency_key) DO UPDATE
            SET duplicate_count = idempotency_keys.duplicate_count + 1

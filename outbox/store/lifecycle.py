@@ -97,9 +97,7 @@ TRANSITIONS: tuple[Transition, ...] = (
 """Every status change there is. Re-drives by the sweeper change no status (they queue a new
 delivery of a worker key); purging deletes finished keys."""
 
-TERMINAL = frozenset(
-    {Status.SUCCEEDED, Status.FAILED_FINAL, Status.QUARANTINED, Status.SUPERSEDED}
-)
+TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED_FINAL, Status.QUARANTINED, Status.SUPERSEDED})
 
 
 def new_lease_token() -> str:
@@ -168,7 +166,7 @@ CLAIM_KEY: TextClause = text(
         RETURNING k.idempotency_key, k.fence, k.attempts, k.correlation_id, k.route,
                   k.event_type, k.source, k.locked_until, k.first_failed_at, k.uncertain,
                   now() AS claimed_at, previous.previous_status,
-                  k.error_code AS previous_error_code
+                  k.error_code AS previous_error_code, k.lane
     )
     SELECT c.*, e.external_id, e.version, e.payload, r.paused AS route_paused,
            r.circuit AS route_circuit, r.open_until AS route_open_until

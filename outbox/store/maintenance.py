@@ -64,7 +64,9 @@ REDRIVE_STALLED_KEYS: TextClause = text(
                 FROM outbox o WHERE o.idempotency_key = k.idempotency_key) sent
          WHERE k.status IN ('pending', 'failed_retryable') AND k.actor = 'worker'
            AND k.updated_at < now() - make_interval(secs => :grace_seconds)
-           -- A paused route holds its keys on purpose; resuming queues them.
+           -- A paused route holds its keys on purpose; resuming queues them. A key parked
+           -- behind its lane is handed on by its lane (WAKE_IDLE_LANES looks after idle ones).
+           AND k.error_code IS DISTINCT FROM 'lane_waiting'
            AND NOT EXISTS (SELECT 1 FROM route_state r WHERE r.route = k.route AND r.paused)
            AND (k.next_attempt_at IS NULL
                 OR k.next_attempt_at < now() - make_interval(secs => :grace_seconds))
@@ -89,7 +91,7 @@ COUNT_PURGEABLE: TextClause = text(
      WHERE k.expires_at < now()
        AND k.updated_at + (k.expires_at - k.created_at) < now()
        AND NOT k.uncertain
-       AND (k.status IN ('succeeded', 'failed_final', 'quarantined')
+       AND (k.status IN ('succeeded', 'failed_final', 'quarantined', 'superseded')
             OR (k.actor = 'workflow' AND k.status IN ('pending', 'failed_retryable')))
        AND NOT EXISTS (SELECT 1 FROM dead_letters d
                         WHERE d.idempotency_key = k.idempotency_key AND d.resolution = 'open')
@@ -112,7 +114,7 @@ PURGE_EXPIRED_KEYS: TextClause = text(
          WHERE k.expires_at < now()
            AND k.updated_at + (k.expires_at - k.created_at) < now()
            AND NOT k.uncertain
-           AND (k.status IN ('succeeded', 'failed_final', 'quarantined')
+           AND (k.status IN ('succeeded', 'failed_final', 'quarantined', 'superseded')
                 OR (k.actor = 'workflow' AND k.status IN ('pending', 'failed_retryable')))
            AND NOT EXISTS (SELECT 1 FROM dead_letters d
                             WHERE d.idempotency_key = k.idempotency_key
@@ -137,7 +139,7 @@ COUNT_PRUNABLE_OUTBOX: TextClause = text(
               AND k.expires_at < now()
               AND k.updated_at + (k.expires_at - k.created_at) < now()
               AND NOT k.uncertain
-              AND (k.status IN ('succeeded', 'failed_final', 'quarantined')
+              AND (k.status IN ('succeeded', 'failed_final', 'quarantined', 'superseded')
                    OR (k.actor = 'workflow' AND k.status IN ('pending', 'failed_retryable')))
               AND NOT EXISTS (SELECT 1 FROM dead_letters d
                                WHERE d.idempotency_key = k.idempotency_key
