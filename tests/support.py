@@ -99,6 +99,58 @@ def seed_pending_key(database_url: str, external_id: str) -> str:
     return key
 
 
+def seed_lane_key(
+    database_url: str,
+    external_id: str,
+    status: str,
+    *,
+    lane: str,
+    rank: int,
+    on_failure: str = "block",
+    error_code: str | None = None,
+    superseded_by: str | None = None,
+    age: str = "1 hour",
+) -> str:
+    """A key of lane `lane` (route crm) at `rank`, written directly as the lane step would
+    leave it, with the lane's row (`on_failure`); a failed_final or quarantined key gets an
+    open dead letter of kind permanent. No outbox row, so no worker sees it; returns the key."""
+    key = seed_pending_key(database_url, external_id)
+    query(
+        database_url,
+        "UPDATE idempotency_keys SET status = %(status)s, lane = %(lane)s, lane_rank = %(rank)s,"
+        " error_code = %(error_code)s, superseded_by = %(superseded_by)s, attempts = 1,"
+        " updated_at = now() - CAST(%(age)s AS interval)"
+        " WHERE idempotency_key = %(key)s",
+        {
+            "status": status,
+            "lane": lane,
+            "rank": rank,
+            "error_code": error_code,
+            "superseded_by": superseded_by,
+            "age": age,
+            "key": key,
+        },
+    )
+    query(
+        database_url,
+        "INSERT INTO lanes (route, lane, ordering, on_failure, expires_at)"
+        " VALUES ('crm', %s, 'accepted', %s, now() + interval '1 day')"
+        " ON CONFLICT (route, lane) DO NOTHING",
+        (lane, on_failure),
+    )
+    if status in ("failed_final", "quarantined"):
+        query(
+            database_url,
+            "INSERT INTO dead_letters (idempotency_key, kind, error_code, error_detail, attempts,"
+            " first_failed_at, last_failed_at, created_at)"
+            " VALUES (%(key)s, 'permanent', %(error_code)s, %(external_id)s, 1,"
+            " now() - CAST(%(age)s AS interval), now() - CAST(%(age)s AS interval),"
+            " now() - CAST(%(age)s AS interval))",
+            {"key": key, "error_code": error_code, "external_id": external_id, "age": age},
+        )
+    return key
+
+
 def statuses(database_url: str) -> Counter[str]:
     return Counter(
         dict(query(database_url, "SELECT status, count(*) FROM idempotency_keys GROUP BY 1"))
@@ -664,7 +716,7 @@ def proxied_database(database_url: str) -> tuple[TcpProxy, str]:
     return proxy, proxied.render_as_string(hide_password=False)
 
 
-FINAL_STATUSES = ("succeeded", "failed_final", "quarantined")
+FINAL_STATUSES = ("succeeded", "failed_final", "quarantined", "superseded")
 
 
 def key_state(stack: Stack, key: str) -> dict[str, Any]:

@@ -48,11 +48,14 @@ _STATUSES = (
 _LIVE = "('pending', 'processing', 'failed_retryable')"
 
 _SUPERSEDE_OLDER = """
-CREATE FUNCTION lane_supersede_older(p_route text, p_lane text, p_rank numeric, p_version text)
-RETURNS integer LANGUAGE plpgsql AS $$
--- Keys of the lane older than rank p_rank that wait (parked, or dead-lettered and holding the
--- lane) are superseded by version p_version: latest wins, and the older never runs. Keys
--- another transaction holds are skipped (their own gate decides), at most 1000 per call.
+CREATE FUNCTION lane_supersede_older(
+    p_route text, p_lane text, p_rank numeric, p_version text, p_blocking boolean
+) RETURNS integer LANGUAGE plpgsql AS $$
+-- Keys of the lane older than rank p_rank that wait (parked, or, when dead letters hold the
+-- lane (p_blocking), dead-lettered) are superseded by version p_version: latest wins, and the
+-- older never runs. Under `skip` an older dead letter stays open for an operator (a replay of
+-- it is superseded at its gate). Keys another transaction holds are skipped (their own gate
+-- decides), at most 1000 per call.
 DECLARE
     n integer;
 BEGIN
@@ -60,7 +63,7 @@ BEGIN
         SELECT k.idempotency_key FROM idempotency_keys k
          WHERE k.route = p_route AND k.lane = p_lane AND k.lane_rank < p_rank
            AND ((k.status = 'pending' AND k.error_code = 'lane_waiting')
-                OR k.status IN ('failed_final', 'quarantined'))
+                OR (p_blocking AND k.status IN ('failed_final', 'quarantined')))
          ORDER BY k.lane_rank
          LIMIT 1000
            FOR UPDATE SKIP LOCKED
@@ -143,7 +146,8 @@ BEGIN
             RETURN;
         END IF;
         -- This is the newest: older keys waiting (or a dead letter blocking) are superseded.
-        PERFORM lane_supersede_older(k.route, k.lane, k.lane_rank, k.version);
+        PERFORM lane_supersede_older(
+            k.route, k.lane, k.lane_rank, k.version, p_on_failure = 'block');
     END IF;
 
     -- Another key of the lane runs (a live lease or one a re-drive will take over), or, in
@@ -227,7 +231,8 @@ BEGIN
         RETURN 0;
     END IF;
     IF ln.ordering = 'supersede' THEN
-        PERFORM lane_supersede_older(p_route, p_lane, nxt.lane_rank, nxt.version);
+        PERFORM lane_supersede_older(
+            p_route, p_lane, nxt.lane_rank, nxt.version, ln.on_failure = 'block');
     END IF;
     UPDATE idempotency_keys
        SET error_code = 'lane_released', error_detail = 'its lane is free', updated_at = now()
@@ -365,7 +370,7 @@ def downgrade() -> None:
     op.execute("DROP FUNCTION lane_key_left_processing()")
     op.execute("DROP FUNCTION lane_wake(text, text)")
     op.execute("DROP FUNCTION lane_admit(text, bigint, text, text, text, float8)")
-    op.execute("DROP FUNCTION lane_supersede_older(text, text, numeric, text)")
+    op.execute("DROP FUNCTION lane_supersede_older(text, text, numeric, text, boolean)")
     op.execute("DROP INDEX idempotency_keys_lane_parked_idx")
     op.execute("DROP INDEX idempotency_keys_lane_idx")
     op.execute("DROP TABLE lanes")

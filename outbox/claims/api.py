@@ -2,10 +2,11 @@
 
 An n8n HTTP Request node claims the key, acts, then completes (or fails) with the lease token.
 The answers are made for an IF node: 201 claimed (`uncertain: true`: look the effect up before
-acting), 200 already_succeeded (use the stored result), 409 in_progress (wait Retry-After),
-lease_lost (stop: someone else holds the key now) or not_a_claim_key (an event's key, which the
-gateway's worker acts on). Every endpoint needs the CLAIMS_TOKEN bearer token; without one
-configured, only clients on this machine are served (`outbox.core.access`).
+acting), 200 already_succeeded (use the stored result) or superseded (a newer version of the
+key's lane), 409 in_progress or lane_busy (wait Retry-After), lease_lost (stop: someone else
+holds the key now) or not_a_claim_key (an event's key, which the gateway's worker acts on).
+Every endpoint needs the CLAIMS_TOKEN bearer token; without one configured, only clients on
+this machine are served (`outbox.core.access`).
 """
 
 # No `from __future__ import annotations`: FastAPI must resolve the models at definition time.
@@ -20,7 +21,7 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from outbox.claims import service
+from outbox.claims import lanes, service
 from outbox.core import keys
 from outbox.core.access import FailureThrottle, require_token_or_loopback
 from outbox.core.jsonroute import JsonBodyRoute
@@ -74,11 +75,33 @@ class ClaimRequest(BaseModel):
     # Visible ASCII, at most 200 characters: they travel in headers (outbox.core.labels).
     correlation_id: Label | None = None
     workflow: Label | None = None
+    # The business object the effect is about: claims of one lane hold it one at a time. Also
+    # a label: printable ASCII, 1 to 200 characters (outbox.core.labels).
+    lane: Label | None = None
+    # An integer or an RFC 3339 timestamp (outbox.claims.lanes); read by the endpoint, so that
+    # any value that is not one is the one answer `version_invalid`.
+    version: JsonValue = None
 
     @field_validator("payload")
     @classmethod
     def _finite_payload(cls, value: Any) -> Any:
         return keys.require_finite(value)
+
+
+def _lane_version(body: ClaimRequest) -> lanes.Version | None:
+    """The claim's version, parsed; a Problem when it names one it may not."""
+    if body.version is None:
+        return None
+    if body.lane is None:
+        raise Problem(
+            422, "lane_required", "A version is compared within a lane: name the `lane` too."
+        )
+    try:
+        if not isinstance(body.version, int | str):
+            raise lanes.InvalidVersion("a version is an integer or an RFC 3339 timestamp")
+        return lanes.parse_version(body.version)
+    except lanes.InvalidVersion as error:
+        raise Problem(422, "version_invalid", str(error)) from error
 
 
 class HeartbeatRequest(BaseModel):
@@ -154,7 +177,8 @@ def claims_router(
         dependencies=[Depends(authorize)],
         responses={
             409: json_response(
-                "in_progress (wait Retry-After), lease_lost, finished, or not_a_claim_key"
+                "in_progress or lane_busy (wait Retry-After), lease_lost, finished, or"
+                " not_a_claim_key"
             ),
             **problem_responses(400, 401, 403, 413, 422, 429, 503),
         },
@@ -162,10 +186,18 @@ def claims_router(
     ttl_seconds = settings.claims_ttl_days * 86_400
 
     @router.post(
-        "", status_code=201, responses={200: json_response("already_succeeded: the stored result")}
+        "",
+        status_code=201,
+        responses={
+            200: json_response(
+                "already_succeeded: the stored result; superseded: a newer version of the lane"
+            )
+        },
     )
     async def claim(body: ClaimRequest) -> JSONResponse:
-        """Claim a key before acting: 201 claimed, 200 already_succeeded, 409 in_progress."""
+        """Claim a key before acting: 201 claimed, 200 already_succeeded or superseded, 409
+        in_progress or lane_busy."""
+        version = _lane_version(body)
         correlation_id = body.correlation_id or uuid.uuid4().hex
         outcome = await database(
             service.claim(
@@ -177,6 +209,8 @@ def claims_router(
                 workflow=body.workflow,
                 lease_seconds=body.lease_seconds or settings.lease_seconds,
                 ttl_seconds=ttl_seconds,
+                lane=body.lane,
+                version=version,
             )
         )
         bound = log.bind(key=keys.mask_key(body.key), correlation_id=correlation_id)
@@ -222,11 +256,32 @@ def claims_router(
                     status_code=409,
                     headers={"Retry-After": str(outcome.retry_after)},
                 )
+            case service.LaneBusy():
+                # No lane in the line: a lane may name a person (an e-mail address).
+                bound.info("claim.lane_busy", retry_after=outcome.retry_after)
+                return JSONResponse(
+                    {"status": "lane_busy", "key": body.key, "retry_after": outcome.retry_after},
+                    status_code=409,
+                    headers={"Retry-After": str(outcome.retry_after)},
+                )
+            case service.Superseded():
+                # Finished without acting, like already_succeeded: 200, the same answer to
+                # every later claim of the key.
+                bound.info("claim.superseded", transition="-> superseded")
+                return JSONResponse(
+                    {
+                        "status": "superseded",
+                        "key": body.key,
+                        "superseded_by": outcome.superseded_by,
+                        "correlation_id": outcome.correlation_id,
+                    },
+                    status_code=200,
+                )
             case service.PayloadMismatch():
                 raise Problem(
                     422,
                     "idempotency_key_reused",
-                    "This key was first claimed with a different payload.",
+                    "This key was first claimed with a different payload, lane or version.",
                     key=body.key,
                 )
             case service.NotAClaimKey():

@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from outbox.claims import lanes
 from outbox.core.redaction import redact
+from outbox.store import lanes as lanes_store
 from outbox.store import lifecycle
 
 MAX_DETAIL_CHARS = 2048
@@ -73,7 +75,31 @@ class Finished:
     error_code: str | None
 
 
-ClaimOutcome = Claimed | AlreadySucceeded | InProgress | PayloadMismatch | NotAClaimKey | Finished
+@dataclass(frozen=True)
+class LaneBusy:
+    """Another claim holds the key's lane: the key is given back (pending), claim it again."""
+
+    retry_after: int
+
+
+@dataclass(frozen=True)
+class Superseded:
+    """A newer version of the lane was applied, or waits or runs: this one never acts."""
+
+    superseded_by: str
+    correlation_id: str
+
+
+ClaimOutcome = (
+    Claimed
+    | AlreadySucceeded
+    | InProgress
+    | PayloadMismatch
+    | NotAClaimKey
+    | Finished
+    | LaneBusy
+    | Superseded
+)
 
 
 @dataclass(frozen=True)
@@ -155,9 +181,13 @@ async def claim(
     workflow: str | None,
     lease_seconds: float,
     ttl_seconds: float,
+    lane: str | None = None,
+    version: lanes.Version | None = None,
 ) -> ClaimOutcome:
-    """Claim `key` for this caller, or say why not."""
+    """Claim `key` for this caller, or say why not. A key with a lane then passes the lane
+    step: it goes, waits (given back), or is superseded."""
     token = lifecycle.new_lease_token()
+    rank = None if version is None else version.rank
     async with engine.begin() as conn:
         created = (
             (
@@ -173,6 +203,9 @@ async def claim(
                         "correlation_id": correlation_id,
                         "workflow": workflow,
                         "ttl_seconds": ttl_seconds,
+                        "lane": lane,
+                        "lane_rank": rank,
+                        "version": None if version is None else version.text,
                     },
                 )
             )
@@ -180,7 +213,7 @@ async def claim(
             .first()
         )
         if created is not None:
-            return Claimed(
+            claimed = Claimed(
                 _lease_token(created["fence"], token),
                 created["locked_until"],
                 created["correlation_id"],
@@ -189,6 +222,7 @@ async def claim(
                 uncertain=False,
                 previous_error_code=None,
             )
+            return await _lane_step(conn, key, claimed, created, token, ttl_seconds)
         taken = (
             (
                 await conn.execute(
@@ -197,6 +231,8 @@ async def claim(
                         "key": key,
                         "actor": lifecycle.Actor.WORKFLOW.value,
                         "payload_hash": payload_hash,
+                        "lane": lane,
+                        "lane_rank": rank,
                         "token": token,
                         "owner": workflow,
                         "lease_seconds": lease_seconds,
@@ -207,7 +243,7 @@ async def claim(
             .first()
         )
         if taken is not None:
-            return Claimed(
+            claimed = Claimed(
                 _lease_token(taken["fence"], token),
                 taken["locked_until"],
                 taken["correlation_id"],
@@ -216,11 +252,18 @@ async def claim(
                 uncertain=taken["uncertain"],
                 previous_error_code=taken["previous_error_code"],
             )
+            return await _lane_step(conn, key, claimed, taken, token, ttl_seconds)
         state = (
             (
                 await conn.execute(
                     lifecycle.KEY_STATE,
-                    {"key": key, "payload_hash": payload_hash, "refused_by": "claims"},
+                    {
+                        "key": key,
+                        "payload_hash": payload_hash,
+                        "lane": lane,
+                        "lane_rank": rank,
+                        "refused_by": "claims",
+                    },
                 )
             )
             .mappings()
@@ -234,9 +277,53 @@ async def claim(
         return PayloadMismatch()
     if state["status"] == "succeeded":
         return AlreadySucceeded(state["result"], state["external_ref"], state["correlation_id"])
+    if state["status"] == "superseded":
+        return Superseded(state["superseded_by"], state["correlation_id"])
     if state["status"] in ("failed_final", "quarantined"):
         return Finished(state["status"], state["error_code"])
     return InProgress(busy_retry_after(state["lease_remaining"], state["held_seconds"]))
+
+
+async def _lane_step(
+    conn: AsyncConnection, key: str, claimed: Claimed, row: Any, token: str, ttl_seconds: float
+) -> ClaimOutcome:
+    """The lane step of a claim just made (lane_admit, migration 0011), as the worker's
+    attempt takes it: under the lane's lock, in the one call that decides and writes.
+
+    A key with a version compares versions (`supersede`); one without only waits for the
+    claim that holds its lane (`accepted`, and having no rank it never holds others back). A
+    failed claim never blocks its lane (`skip`): the workflow that failed it decides what
+    comes next, and a workflow told to wait may never come back. Completing or failing the
+    holder hands the lane on by the migration's trigger; a workflow's parked key waits for
+    its workflow's next claim, never for a delivery."""
+    if row["lane"] is None:
+        return claimed
+    decision = (
+        (
+            await conn.execute(
+                lanes_store.ADMIT,
+                {
+                    "key": key,
+                    "fence": row["fence"],
+                    "token": token,
+                    "ordering": "accepted" if row["version"] is None else "supersede",
+                    "on_failure": "skip",
+                    "ttl_seconds": ttl_seconds,
+                },
+            )
+        )
+        .mappings()
+        .one()
+    )
+    match decision["decision"]:
+        case "go":
+            return claimed
+        case "wait":
+            return LaneBusy(max(1, decision["retry_after"]))
+        case "superseded":
+            return Superseded(decision["superseded_by"], claimed.correlation_id)
+        case _:  # lost: the lease ran out between the statements and another claim took it
+            return InProgress(retry_after=1)
 
 
 def busy_retry_after(lease_remaining: Any, held_seconds: Any) -> int:

@@ -13,10 +13,13 @@ from outbox.core.logs import get_logger
 from outbox.core.problems import Problem
 from outbox.ingest import intake
 from outbox.ingest.metrics import EventCounters
+from outbox.store.lifecycle import TERMINAL
 
 log = get_logger(__name__)
 
-TERMINAL_STATUSES = frozenset({"succeeded", "failed_final", "quarantined"})
+# A repeat of a key in one of these is answered 200: its first answer will not change (the
+# states' one owner lists them).
+TERMINAL_STATUSES: frozenset[str] = frozenset(TERMINAL)
 
 
 def respond(
@@ -64,18 +67,22 @@ def respond(
                 original_correlation_id=outcome.correlation_id,
             )
             finished = outcome.status in TERMINAL_STATUSES
+            answer = {
+                "key": key,
+                "status": outcome.status,
+                "duplicate": True,
+                "correlation_id": outcome.correlation_id,
+                "event_type": event_type,
+                "result": outcome.result,
+                "external_ref": outcome.external_ref,
+                "error_code": outcome.error_code,
+                "attempts": outcome.attempts,
+            }
+            if outcome.status == "superseded":
+                # Never acted on: the caller learns which version of its lane won instead.
+                answer["superseded_by"] = outcome.superseded_by
             return JSONResponse(
-                {
-                    "key": key,
-                    "status": outcome.status,
-                    "duplicate": True,
-                    "correlation_id": outcome.correlation_id,
-                    "event_type": event_type,
-                    "result": outcome.result,
-                    "external_ref": outcome.external_ref,
-                    "error_code": outcome.error_code,
-                    "attempts": outcome.attempts,
-                },
+                answer,
                 status_code=repeat_status or (200 if finished else 202),
                 headers={"Idempotent-Replayed": "true"},
             )

@@ -141,7 +141,8 @@ def events_router(
 
     @router.get("/v1/events/{key:path}", responses=problem_responses(401, 403, 404, 422, 429, 503))
     async def get_event(key: str, request: Request) -> JSONResponse:
-        """The state of one key: status, attempts, result, external_ref, error_code, times.
+        """The state of one key: status, attempts, result, external_ref, error_code, times;
+        `lane` for a key of an ordered route, `superseded_by` for a superseded one.
 
         The stored result is the downstream's answer: only holders of the claims or operator
         token (or, with neither configured, clients on this machine) may read it.
@@ -151,6 +152,8 @@ def events_router(
         row = await database(intake.get_key(engine(), key))
         if row is None:
             raise Problem(404, "key_not_found", "No event is stored under this key.")
+        # Only keys of an ordered route have a lane; only superseded keys a superseding version.
+        lanes = {name: row[name] for name in ("lane", "superseded_by") if row[name] is not None}
         return JSONResponse(
             {
                 "key": row["idempotency_key"],
@@ -168,6 +171,7 @@ def events_router(
                 "updated_at": iso(row["updated_at"]),
                 "next_attempt_at": iso(row["next_attempt_at"]),
                 "expires_at": iso(row["expires_at"]),
+                **lanes,
             }
         )
 

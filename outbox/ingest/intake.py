@@ -63,6 +63,8 @@ class Repeated:
     external_ref: str | None
     error_code: str | None
     attempts: int
+    # The version that superseded the event (status `superseded`), else None.
+    superseded_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,7 @@ async def accept(engine: AsyncEngine, event: NewEvent) -> Outcome:
                     external_ref=row["external_ref"],
                     error_code=row["error_code"],
                     attempts=row["attempts"],
+                    superseded_by=row["superseded_by"],
                 )
             exists = (await conn.execute(sql.KEY_EXISTS, {"key": event.key})).first()
             if exists is not None:

@@ -90,7 +90,7 @@ def operator_router(
         event_type: str | None = None,
         source: str | None = None,
         kind: Literal["permanent", "retries_exhausted", "quarantined"] | None = None,
-        status: Literal["open", "replayed", "discarded"] | None = None,
+        status: Literal["open", "replayed", "discarded", "superseded"] | None = None,
         since: str | None = Query(None, description="ISO-8601 or relative such as 2h"),
         until: str | None = None,
         limit: int = Query(50, ge=1, le=deadletters.MAX_PAGE),

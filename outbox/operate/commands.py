@@ -51,7 +51,7 @@ def dlq_list(
     event_type: EventType = None,
     source: Source = None,
     kind: Literal["permanent", "retries_exhausted", "quarantined"] | None = None,
-    status: Literal["open", "replayed", "discarded"] | None = None,
+    status: Literal["open", "replayed", "discarded", "superseded"] | None = None,
     since: Instant = None,
     until: Instant = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="Rows per page.")] = 50,

@@ -21,7 +21,8 @@ class DeadLetterFilter:
     event_type: str | None = None  # a glob
     source: str | None = None
     kind: Literal["permanent", "retries_exhausted", "quarantined"] | None = None
-    status: Literal["open", "replayed", "discarded"] | None = None
+    # `superseded`: closed by a newer version of its lane (resolved_by "lane").
+    status: Literal["open", "replayed", "discarded", "superseded"] | None = None
     since: datetime | None = None
     until: datetime | None = None
 

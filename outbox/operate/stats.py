@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, RowMapping, TextClause
 
 from outbox.core import keys
 from outbox.core.timewindow import iso
 from outbox.operate import routestate
 from outbox.store import operate as q
 
-STATUSES = ("pending", "processing", "succeeded", "failed_retryable", "failed_final", "quarantined")
+STATUSES = (
+    "pending",
+    "processing",
+    "succeeded",
+    "failed_retryable",
+    "failed_final",
+    "quarantined",
+    "superseded",
+)
 DEAD_LETTER_KINDS = ("permanent", "retries_exhausted", "quarantined")
 
 
@@ -28,10 +37,12 @@ def collect(engine: Engine) -> dict[str, Any]:
 
     Nothing here reads every key: succeeded keys are estimated on a large table (the answer
     says so in `keys_succeeded_estimated`), the other statuses are counted through their
-    partial indexes, and the counters come from totals kept as they change.
+    partial indexes (superseded keys through the lane index: only lane keys are superseded),
+    and the counters come from totals kept as they change.
     """
     with engine.connect() as conn:
         by_status = {r.status: int(r.keys) for r in conn.execute(q.STATS_KEYS_UNFINISHED)}
+        by_status["superseded"] = int(conn.execute(q.STATS_KEYS_SUPERSEDED).scalar_one())
         raw = conn.execute(q.STATS_KEYS_ESTIMATE).scalar()
         size = None if raw is None else float(raw)
         estimated = size is not None and size >= EXACT_BELOW
@@ -75,13 +86,9 @@ def waiting_on_routes(engine: Engine) -> dict[str, int]:
 
 def stuck(engine: Engine, older_than_seconds: float, limit: int = 100) -> list[dict[str, Any]]:
     """Unfinished keys untouched for longer than `older_than_seconds` (a retry not yet due is
-    not stuck, nor is a key that waits on a paused route or an open circuit)."""
-    with engine.connect() as conn:
-        rows = (
-            conn.execute(q.STUCK_KEYS, {"older_than_seconds": older_than_seconds, "limit": limit})
-            .mappings()
-            .all()
-        )
+    not stuck, nor is a key that waits on a paused route or an open circuit, nor one parked
+    behind a dead letter of its lane: `blocked_lanes` shows that lane once, with its head)."""
+    rows = _untouched(engine, q.STUCK_KEYS, older_than_seconds, limit)
     return [
         {
             "key": keys.mask_key(r["idempotency_key"]),
@@ -93,3 +100,35 @@ def stuck(engine: Engine, older_than_seconds: float, limit: int = 100) -> list[d
         }
         for r in rows
     ]
+
+
+def blocked_lanes(
+    engine: Engine, older_than_seconds: float, limit: int = 100
+) -> list[dict[str, Any]]:
+    """Lanes held by a dead letter whose parked keys have waited longer than
+    `older_than_seconds`: what to replay or discard (the head) to let the lane go on."""
+    rows = _untouched(engine, q.BLOCKED_LANES, older_than_seconds, limit)
+    return [
+        {
+            "route": r["route"],
+            "lane": r["lane"],
+            "head_key": keys.mask_key(r["head_key"]),
+            "head_status": r["head_status"],
+            "head_error_code": r["head_error_code"],
+            "head_event_type": r["head_event_type"],
+            "dead_letter_id": r["dead_letter_id"],
+            "waiting": int(r["waiting"]),
+            "blocked_since": iso(r["blocked_since"]),
+            "waiting_since": iso(r["waiting_since"]),
+            "blocked_seconds": round(float(r["blocked_seconds"]), 1),
+        }
+        for r in rows
+    ]
+
+
+def _untouched(
+    engine: Engine, statement: TextClause, older_than_seconds: float, limit: int
+) -> Sequence[RowMapping]:
+    with engine.connect() as conn:
+        bounds = {"older_than_seconds": older_than_seconds, "limit": limit}
+        return conn.execute(statement, bounds).mappings().all()

@@ -107,7 +107,8 @@ def stuck_command(
     limit: Annotated[int, typer.Option(min=1, max=10_000)] = 100,
     as_json: AsJson = False,
 ) -> None:
-    """Unfinished keys untouched too long; exits 1 when there are any (for cron alerts)."""
+    """Unfinished keys untouched too long, and lanes a dead letter blocks; exits 1 when there
+    are any (for cron alerts)."""
     from outbox.core.timewindow import parse_duration
     from outbox.operate import stats
 
@@ -117,20 +118,33 @@ def stuck_command(
         terminal.fail(f"--older-than: {error}")
     with terminal.engine() as (_, engine):
         rows = stats.stuck(engine, seconds, limit)
+        lanes = stats.blocked_lanes(engine, seconds, limit)
         waiting = stats.waiting_on_routes(engine)
-    if waiting:  # on stderr, so --json's stdout stays the list of stuck keys
+    if waiting:  # on stderr, so --json's stdout stays what is stuck
         held = ", ".join(f"{name} {count}" for name, count in waiting.items())
         note = f"not stuck: {sum(waiting.values())} keys wait on paused or open routes ({held})"
         typer.echo(note, err=True)
     if as_json:
-        terminal.print_json(rows)
-    elif not rows:
-        terminal.console().print(f"no keys stuck longer than {older_than}")
+        terminal.print_json({"keys": rows, "blocked_lanes": lanes})
+    else:
+        _print_stuck(rows, lanes, older_than)
+    raise typer.Exit(1 if rows or lanes else 0)
+
+
+def _print_stuck(rows: list[dict[str, Any]], lanes: list[dict[str, Any]], older_than: str) -> None:
+    console = terminal.console()
+    if not rows:
+        console.print(f"no keys stuck longer than {older_than}")
     else:
         fields = "key status event_type attempts updated_at age_seconds"
         headers = "key,status,event type,attempts,last change,age (s)"
-        terminal.console().print(terminal.table(headers, (terminal.pick(r, fields) for r in rows)))
-    raise typer.Exit(1 if rows else 0)
+        console.print(terminal.table(headers, (terminal.pick(r, fields) for r in rows)))
+    if lanes:
+        # Each lane once, with its head: replay or discard the head's dead letter to go on.
+        fields = "route lane head_key head_status head_error_code dead_letter_id waiting"
+        headers = "route,lane,head key,head status,error code,dead letter,waiting behind"
+        options = {"title": "blocked lanes", "title_justify": "left"}
+        console.print(terminal.table(headers, (terminal.pick(r, fields) for r in lanes), **options))
 
 
 def stats_command(as_json: AsJson = False) -> None:

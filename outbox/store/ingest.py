@@ -38,7 +38,7 @@ RESERVE_KEY: TextClause = text(
          WHERE idempotency_keys.payload_hash = EXCLUDED.payload_hash
            AND idempotency_keys.actor = 'worker'
         RETURNING idempotency_key, status, correlation_id, created_at, result, external_ref,
-                  error_code, attempts, duplicate_count = 0 AS inserted
+                  error_code, attempts, superseded_by, duplicate_count = 0 AS inserted
     ), stored AS (
         INSERT INTO events (idempotency_key, source, event_type, external_id, version, payload)
         SELECT idempotency_key, :source, :event_type, :external_id, :version,
@@ -75,7 +75,7 @@ RESERVE_KEY_QUARANTINED: TextClause = text(
          WHERE idempotency_keys.payload_hash = EXCLUDED.payload_hash
            AND idempotency_keys.actor = 'worker'
         RETURNING idempotency_key, status, correlation_id, created_at, result, external_ref,
-                  error_code, attempts, duplicate_count = 0 AS inserted
+                  error_code, attempts, superseded_by, duplicate_count = 0 AS inserted
     ), stored AS (
         INSERT INTO events (idempotency_key, source, event_type, external_id, version, payload)
         SELECT idempotency_key, :source, :event_type, :external_id, :version,
@@ -103,7 +103,7 @@ GET_KEY: TextClause = text(
     """
     SELECT k.idempotency_key, k.status, k.attempts, k.result, k.external_ref, k.error_code,
            k.correlation_id, k.source, k.event_type, k.duplicate_count, k.created_at,
-           k.updated_at, k.expires_at, k.next_attempt_at, k.uncertain
+           k.updated_at, k.expires_at, k.next_attempt_at, k.uncertain, k.lane, k.superseded_by
       FROM idempotency_keys k
      WHERE k.idempotency_key = :key
     """

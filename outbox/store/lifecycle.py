@@ -26,7 +26,7 @@ import secrets
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sqlalchemy import TextClause, text
+from sqlalchemy import BindParameter, Numeric, String, TextClause, bindparam, text
 
 
 class Status(StrEnum):
@@ -108,29 +108,41 @@ def new_lease_token() -> str:
 CLAIM_NEW_KEY: TextClause = text(
     """
     -- A workflow's first claim of an unknown key: create it already held, as a workflow key,
-    -- with its payload, in one statement. A concurrent first claim finds the row and goes on
-    -- to CLAIM_KEY; a key an event created is never touched here.
+    -- with its payload, its lane and version (the lane step runs next), in one statement. A
+    -- concurrent first claim finds the row and goes on to CLAIM_KEY; a key an event created
+    -- is never touched here. The rank is the version's; a key without one has none, so that
+    -- it never holds its lane while it waits (a workflow told to wait may never come back).
     WITH reserved AS (
         INSERT INTO idempotency_keys (
             idempotency_key, actor, status, payload_hash, correlation_id, source, event_type,
-            route, workflow_name, attempts, fence, lease_token, locked_until, expires_at
+            route, workflow_name, attempts, fence, lease_token, locked_until, expires_at, lane,
+            lane_rank
         )
         VALUES (
             :key, 'workflow', 'processing', :payload_hash, :correlation_id, 'claims', 'claim',
             '(claims)', :workflow, 1, 1, :token,
             now() + make_interval(secs => :lease_seconds),
-            now() + make_interval(secs => :ttl_seconds)
+            now() + make_interval(secs => :ttl_seconds), :lane, CAST(:lane_rank AS numeric)
         )
         ON CONFLICT (idempotency_key) DO NOTHING
-        RETURNING idempotency_key, correlation_id, locked_until, fence
+        RETURNING idempotency_key, correlation_id, locked_until, fence, lane
     ), stored AS (
-        INSERT INTO events (idempotency_key, source, event_type, external_id, payload)
-        SELECT idempotency_key, 'claims', 'claim', :key, CAST(:payload AS jsonb)
+        INSERT INTO events (idempotency_key, source, event_type, external_id, version, payload)
+        SELECT idempotency_key, 'claims', 'claim', :key, :version, CAST(:payload AS jsonb)
           FROM reserved
     )
-    SELECT idempotency_key, correlation_id, locked_until, fence FROM reserved
+    SELECT idempotency_key, correlation_id, locked_until, fence, lane,
+           CAST(:version AS text) AS version
+      FROM reserved
     """
 )
+
+
+def _any_lane() -> tuple[BindParameter[str], BindParameter[int]]:
+    """`:lane` and `:lane_rank` default to NULL (matches any key), so the worker's claims,
+    which never name a lane, send the statements as before."""
+    return bindparam("lane", None, type_=String), bindparam("lane_rank", None, type_=Numeric)
+
 
 CLAIM_KEY: TextClause = text(
     """
@@ -138,7 +150,8 @@ CLAIM_KEY: TextClause = text(
     -- expired lease (a reclaim: the last holder may have acted, so the key becomes uncertain).
     -- The attempt is counted here, so a holder that dies still spends its budget. The lease
     -- comes from the database clock; the fence goes up and a fresh token is stored, so every
-    -- earlier holder's writes are rejected from now on. :payload_hash NULL matches any.
+    -- earlier holder's writes are rejected from now on. :payload_hash NULL matches any, and
+    -- so do :lane and :lane_rank (a claim naming a lane or version must name the key's own).
     WITH claimed AS (
         UPDATE idempotency_keys k
            SET status = 'processing',
@@ -159,6 +172,8 @@ CLAIM_KEY: TextClause = text(
          WHERE k.idempotency_key = :key
            AND k.actor = :actor
            AND (CAST(:payload_hash AS text) IS NULL OR k.payload_hash = :payload_hash)
+           AND (CAST(:lane AS text) IS NULL OR k.lane = :lane)
+           AND (CAST(:lane_rank AS numeric) IS NULL OR k.lane_rank = :lane_rank)
            AND (k.status = 'pending'
                 OR (k.status = 'failed_retryable'
                     AND (k.next_attempt_at IS NULL OR k.next_attempt_at <= now()))
@@ -173,19 +188,23 @@ CLAIM_KEY: TextClause = text(
       FROM claimed c JOIN events e USING (idempotency_key)
       LEFT JOIN route_state r ON r.route = c.route
     """
-)
+).bindparams(*_any_lane())
 
 KEY_STATE: TextClause = text(
     """
-    -- Why a claim was refused: another actor's key, finished, held (and for how long), or
-    -- another payload. Counts the refusal where it happened: a delivery the worker refused
-    -- (:refused_by 'worker') or a claim the claims API refused ('claims').
+    -- Why a claim was refused: another actor's key, finished (superseded: by which version),
+    -- held (and for how long), or another payload, lane or version. Counts the refusal where
+    -- it happened: a delivery the worker refused (:refused_by 'worker') or a claim the claims
+    -- API refused ('claims').
     UPDATE idempotency_keys
        SET blocked_deliveries = blocked_deliveries + CAST(:refused_by = 'worker' AS integer),
            refused_claims = refused_claims + CAST(:refused_by = 'claims' AS integer)
      WHERE idempotency_key = :key
-    RETURNING actor, status, correlation_id, result, external_ref, error_code,
+    RETURNING actor, status, correlation_id, result, external_ref, error_code, superseded_by,
               (CAST(:payload_hash AS text) IS NOT NULL AND payload_hash <> :payload_hash)
+               OR (CAST(:lane AS text) IS NOT NULL AND lane IS DISTINCT FROM :lane)
+               OR (CAST(:lane_rank AS numeric) IS NOT NULL
+                   AND lane_rank IS DISTINCT FROM :lane_rank)
                   AS payload_differs,
               locked_until > now() AS lease_live,
               GREATEST(0, CEIL(EXTRACT(EPOCH FROM locked_until - now()))) AS lease_remaining,
@@ -193,7 +212,7 @@ KEY_STATE: TextClause = text(
               CASE WHEN status = 'processing'
                    THEN GREATEST(0, EXTRACT(EPOCH FROM now() - updated_at)) END AS held_seconds
     """
-)
+).bindparams(*_any_lane())
 
 DEDUPE_NEW_KEY: TextClause = text(
     """

@@ -128,6 +128,14 @@ STATS_KEYS_UNFINISHED: TextClause = text(
     """
 )
 
+STATS_KEYS_SUPERSEDED: TextClause = text(
+    """
+    -- Exact: only a lane step supersedes, so every superseded key has a lane and the count
+    -- reads the lane index (its cost follows the keys of ordered routes, never the others).
+    SELECT count(*) FROM idempotency_keys WHERE lane IS NOT NULL AND status = 'superseded'
+    """
+)
+
 STATS_KEYS_ESTIMATE: TextClause = text(
     """
     -- The table's rows as the planner estimates them: the density at the last ANALYZE
@@ -188,8 +196,10 @@ STATS_DEAD_LETTERS: TextClause = text(
 STUCK_KEYS: TextClause = text(
     """
     -- Keys not finished long after their last change: a worker or broker problem to look at.
-    -- A key waiting on a paused route or an open circuit is held on purpose, not stuck.
-    -- Two branches, each through its partial index (waiting keys, processing keys).
+    -- A key waiting on a paused route or an open circuit is held on purpose, not stuck; a
+    -- key parked behind a dead letter of its lane waits for an operator, and BLOCKED_LANES
+    -- shows its lane once. Two branches, each through its partial index (waiting keys,
+    -- processing keys); a parked key's lane is looked at through the lane index.
     SELECT idempotency_key, status, event_type, attempts, updated_at,
            EXTRACT(EPOCH FROM now() - updated_at) AS age_seconds
       FROM (SELECT idempotency_key, status, event_type, attempts, updated_at
@@ -200,12 +210,68 @@ STUCK_KEYS: TextClause = text(
                AND NOT EXISTS (
                    SELECT 1 FROM route_state r
                     WHERE r.route = k.route AND (r.paused OR r.circuit <> 'closed'))
+               AND NOT (k.error_code = 'lane_waiting' AND EXISTS (
+                   SELECT 1 FROM lanes l
+                     JOIN idempotency_keys h ON h.route = l.route AND h.lane = l.lane
+                     JOIN dead_letters d ON d.idempotency_key = h.idempotency_key
+                    WHERE l.route = k.route AND l.lane = k.lane AND l.on_failure = 'block'
+                      AND h.lane_rank < k.lane_rank
+                      AND h.status IN ('failed_final', 'quarantined')
+                      AND d.resolution = 'open'))
             UNION ALL
             SELECT idempotency_key, status, event_type, attempts, updated_at
               FROM idempotency_keys
              WHERE status = 'processing'
                AND updated_at < now() - make_interval(secs => :older_than_seconds)) unfinished
      ORDER BY updated_at
+     LIMIT :limit
+    """
+)
+
+BLOCKED_LANES: TextClause = text(
+    """
+    -- Lanes held by a dead letter (lane_on_failure block): the lane's oldest unfinished key
+    -- is failed or quarantined with an open dead letter, and keys parked behind it wait. The
+    -- lanes come from the keys parked longer than :older_than_seconds (their partial index);
+    -- each lane's head and its waiting keys are ranges of the lane index. Read only; the
+    -- lanes whose keys have waited longest first, at most :limit.
+    WITH parked AS (
+        SELECT route, lane, min(updated_at) AS waiting_since
+          FROM idempotency_keys
+         WHERE status = 'pending' AND error_code = 'lane_waiting'
+           AND updated_at < now() - make_interval(secs => :older_than_seconds)
+         GROUP BY route, lane
+    )
+    SELECT p.route, p.lane, h.idempotency_key AS head_key, h.status AS head_status,
+           h.error_code AS head_error_code, h.event_type AS head_event_type,
+           d.id AS dead_letter_id, d.created_at AS blocked_since, w.waiting, p.waiting_since,
+           EXTRACT(EPOCH FROM now() - d.created_at) AS blocked_seconds
+      FROM parked p
+      JOIN lanes l ON l.route = p.route AND l.lane = p.lane AND l.on_failure = 'block'
+     CROSS JOIN LATERAL (
+           -- The head: the lane's first key in lane order that has not finished (a dead
+           -- letter still open holds its key unfinished).
+           SELECT k.idempotency_key, k.status, k.error_code, k.event_type, k.lane_rank
+             FROM idempotency_keys k
+            WHERE k.route = p.route AND k.lane = p.lane
+              AND (k.status IN ('pending', 'processing', 'failed_retryable')
+                   OR (k.status IN ('failed_final', 'quarantined')
+                       AND EXISTS (SELECT 1 FROM dead_letters o
+                                    WHERE o.idempotency_key = k.idempotency_key
+                                      AND o.resolution = 'open')))
+            ORDER BY k.lane_rank
+            LIMIT 1) h
+     CROSS JOIN LATERAL (
+           SELECT o.id, o.created_at FROM dead_letters o
+            WHERE o.idempotency_key = h.idempotency_key AND o.resolution = 'open'
+            ORDER BY o.id DESC
+            LIMIT 1) d
+     CROSS JOIN LATERAL (
+           SELECT count(*) AS waiting FROM idempotency_keys b
+            WHERE b.route = p.route AND b.lane = p.lane AND b.lane_rank > h.lane_rank
+              AND b.status = 'pending' AND b.error_code = 'lane_waiting') w
+     WHERE h.status IN ('failed_final', 'quarantined') AND w.waiting > 0
+     ORDER BY p.waiting_since, p.route, p.lane
      LIMIT :limit
     """
 )

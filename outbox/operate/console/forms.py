@@ -23,10 +23,10 @@ from outbox.operate import deadletters, replay
 
 PAGE_SIZE = 50
 DEAD_LETTER_KINDS = ("permanent", "retries_exhausted", "quarantined")
-DEAD_LETTER_STATES = ("open", "replayed", "discarded")
+DEAD_LETTER_STATES = ("open", "replayed", "discarded", "superseded")
 REPLAYABLE = ("failed_final", "failed_retryable", "quarantined", "processing")
 DeadLetterKind = Literal["permanent", "retries_exhausted", "quarantined"]
-DeadLetterState = Literal["open", "replayed", "discarded"]
+DeadLetterState = Literal["open", "replayed", "discarded", "superseded"]
 
 
 def digits(value: str | None) -> int | None:
@@ -129,7 +129,8 @@ class DeadLetterQuery:
             query.errors.append(f"kind: {form['kind']!r} is not a dead-letter kind")
         state = form["status"] if form["status"] in DEAD_LETTER_STATES else None
         if form["status"] not in ("", "any", *DEAD_LETTER_STATES):
-            query.errors.append(f"status: {form['status']!r} is not open, replayed or discarded")
+            states = ", ".join(DEAD_LETTER_STATES)
+            query.errors.append(f"status: {form['status']!r} is not one of {states}")
         query.cursor = digits(params.get("cursor"))
         limit = digits(params.get("limit"))
         if limit is not None:

@@ -57,6 +57,8 @@ STATUS_LABELS = {
     "failed_retryable": ("↺", "failed, will retry"),
     "failed_final": ("✖", "failed (final)"),
     "quarantined": ("⊘", "quarantined"),
+    # A key never acted on because a newer version of its lane won, and its dead letter.
+    "superseded": ("⤼", "superseded"),
     "open": ("●", "open"),
     "replayed": ("↺", "replayed"),
     "discarded": ("⌀", "discarded"),

@@ -86,6 +86,7 @@ def _overview(engine: Engine, routes: RouteTable) -> dict[str, Any]:
         "routes": routestate.list_routes(engine, routes),
         "minutes": charts.per_minute(engine),
         "stuck": stats.stuck(engine, STUCK_AFTER_SECONDS, limit=10),
+        "blocked_lanes": stats.blocked_lanes(engine, STUCK_AFTER_SECONDS, limit=10),
     }
 
 
@@ -139,6 +140,7 @@ def console_router(
                 "routes": data["routes"],
                 "notice": ROUTE_NOTICES.get(request.query_params.get("route_changed") or ""),
                 "stuck": data["stuck"],
+                "blocked_lanes": data["blocked_lanes"],
                 "stuck_after": STUCK_AFTER_SECONDS,
                 "chart_wide": charts.render_svg(minutes, id_prefix="chart-wide"),
                 "chart_narrow": charts.render_svg(

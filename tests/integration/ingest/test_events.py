@@ -147,3 +147,37 @@ def test_unknown_key_is_404(stack: Stack) -> None:
         answer = client.get("/v1/events/webform:crm.lead.created:nope")
     assert answer.status_code == 404
     assert answer.json()["error"] == "key_not_found"
+
+
+def test_a_repeat_of_a_superseded_event_says_which_version_won(
+    stack: Stack, downstream: Downstream
+) -> None:
+    """A repeat of a key its lane superseded is answered 200 as `superseded` with the version
+    that won, and the key's page shows its lane and that version; other keys show neither."""
+    with stack.client() as client:
+        first = client.post("/v1/events", json=envelope("contact-1", version="2"))
+        key = first.json()["key"]
+        wait_until(lambda: _succeeded(stack, key))
+        # As the lane step leaves a key a newer version overtook (the worker side is not
+        # what this test drives).
+        query(
+            stack.database_url,
+            "UPDATE idempotency_keys SET status = 'superseded', superseded_by = '5',"
+            " lane = 'contact-1', lane_rank = 2 WHERE idempotency_key = %s",
+            (key,),
+        )
+        repeat = client.post("/v1/events", json=envelope("contact-1", version="2"))
+        shown = client.get(f"/v1/events/{key}").json()
+        plain = client.post("/v1/events", json=envelope("contact-2")).json()["key"]
+        plain_shown = client.get(f"/v1/events/{plain}").json()
+    assert repeat.status_code == 200
+    assert repeat.headers["idempotent-replayed"] == "true"
+    body = repeat.json()
+    assert (body["status"], body["duplicate"], body["superseded_by"]) == ("superseded", True, "5")
+    assert (shown["status"], shown["lane"], shown["superseded_by"]) == (
+        "superseded",
+        "contact-1",
+        "5",
+    )
+    assert "lane" not in plain_shown and "superseded_by" not in plain_shown
+    assert downstream.effects[key] == 1

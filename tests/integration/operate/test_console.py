@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
+from outbox.core.keys import mask_key
 from outbox.core.routes import load_routes
 from outbox.core.settings import Settings
 from outbox.operate.console import console_router
@@ -24,6 +25,7 @@ from tests.support import (
     Stack,
     envelope,
     query,
+    seed_lane_key,
     wait_until,
 )
 
@@ -421,3 +423,44 @@ def test_the_overview_pauses_and_resumes_a_route_with_its_csrf_token(stack: Stac
     assert query(stack.database_url, "SELECT paused FROM route_state WHERE route = 'crm'") == [
         (False,)
     ]
+
+
+def test_the_console_shows_superseded_keys_and_blocked_lanes(stack: Stack) -> None:
+    """The overview counts superseded keys and lists a blocked lane once with its masked head
+    and the keys waiting behind it; a key's page shows its lane and the version that won; the
+    dead-letter list filters on `superseded`."""
+    db = stack.database_url
+    old = seed_lane_key(db, "c1-v1", "superseded", lane="contact-1", rank=1, superseded_by="3")
+    query(
+        db,
+        "INSERT INTO dead_letters (idempotency_key, kind, error_code, attempts, first_failed_at,"
+        " last_failed_at, resolution, resolved_by, resolved_at)"
+        " VALUES (%s, 'permanent', 'http_422', 1, now(), now(), 'superseded', 'lane', now())"
+        " RETURNING id",
+        (old,),
+    )
+    (superseded_letter,) = query(db, "SELECT id FROM dead_letters")[0]
+    head = seed_lane_key(
+        db, "c2-v1", "quarantined", lane="contact-2", rank=1, error_code="contract_violation"
+    )
+    for n in (2, 3, 4):
+        seed_lane_key(
+            db, f"c2-v{n}", "pending", lane="contact-2", rank=n, error_code="lane_waiting"
+        )
+    with _session_client(stack) as client:
+        overview = client.get("/console").text
+        key_page = client.get("/console/keys", params={"key": old}).text
+        superseded = client.get("/console/dead-letters", params={"status": "superseded"}).text
+        bad_filter = client.get("/console/dead-letters", params={"status": "gone"})
+    counts = re.search(r"st-superseded.*?</td><td class=\"num\">(\d+)</td>", overview)
+    assert counts is not None and counts.group(1) == "1"
+    lanes = overview[overview.index('id="lanes-heading"') :]
+    assert "<code>contact-2</code>" in lanes and mask_key(head) in lanes and head not in lanes
+    assert "<code>contract_violation</code>" in lanes
+    assert '<td class="num">3</td>' in lanes
+    assert "contact-1" not in lanes
+    assert "<dt>Lane</dt><dd><code>contact-1</code></dd>" in key_page
+    assert "<dt>Superseded by version</dt><dd><code>3</code>" in key_page
+    assert re.findall(r">Dead letter (\d+)</a>", superseded) == [str(superseded_letter)]
+    assert bad_filter.status_code == 422
+    assert "open, replayed, discarded, superseded" in bad_filter.text

@@ -18,7 +18,17 @@ import pytest
 import redis
 
 from outbox.store.embedded import free_port
-from tests.support import AUTH, Downstream, Reply, Stack, claim, envelope, query, wait_until
+from tests.support import (
+    AUTH,
+    Downstream,
+    Reply,
+    Stack,
+    claim,
+    envelope,
+    query,
+    seed_lane_key,
+    wait_until,
+)
 
 
 def _fail_permanently(
@@ -459,6 +469,34 @@ def test_metrics_after_a_scripted_run(stack: Stack, downstream: Downstream) -> N
         == 1
     )
     assert delta("idem_action_seconds_count", after, before, route="crm") == 3
+
+
+def test_superseded_keys_are_counted_and_their_dead_letters_filtered(stack: Stack) -> None:
+    """`/v1/stats` and `/metrics` count superseded keys, and `/v1/dead-letters` filters on a
+    dead letter a newer version closed."""
+    db = stack.database_url
+    keys = [
+        seed_lane_key(db, f"c-v{n}", "superseded", lane="c", rank=n, superseded_by="9")
+        for n in (1, 2)
+    ]
+    query(
+        db,
+        "INSERT INTO dead_letters (idempotency_key, kind, error_code, attempts, first_failed_at,"
+        " last_failed_at, resolution, resolved_by, resolved_at)"
+        " VALUES (%s, 'permanent', 'http_422', 1, now(), now(), 'superseded', 'lane', now())",
+        (keys[0],),
+    )
+    numbers = _get(stack, "/v1/stats").json()
+    assert numbers["keys_by_status"]["superseded"] == 2
+    assert (
+        _metric(httpx.get(f"{stack.url}/metrics", timeout=5).text, "idem_keys", status="superseded")
+        == 2
+    )
+    listed = _get(stack, "/v1/dead-letters", status="superseded").json()["items"]
+    assert [(i["key"], i["status"], i["resolved_by"]) for i in listed] == [
+        (keys[0], "superseded", "lane")
+    ]
+    assert _get(stack, "/v1/dead-letters", status="open").json()["items"] == []
 
 
 def test_readiness_says_ready_or_not_and_logs_why(

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from outbox.core.keys import mask_key
-from tests.support import ROOT, query, seed_pending_key
+from tests.support import ROOT, query, seed_lane_key, seed_pending_key
 
 Idem = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -412,11 +412,14 @@ def test_stuck_exits_1_only_when_a_key_is_stuck(own_database: str, idem: Idem) -
     calm = idem("stuck", "--older-than", "5m")
     assert calm.returncode == 0, calm.stderr
     assert "no keys stuck longer than 5m" in calm.stdout
-    assert json.loads(idem("stuck", "--older-than", "5m", "--json").stdout) == []
+    assert json.loads(idem("stuck", "--older-than", "5m", "--json").stdout) == {
+        "keys": [],
+        "blocked_lanes": [],
+    }
     old = add_key(db, "old", "processing", age="1 hour", lease="-59 minutes")
     alert = idem("stuck", "--older-than", "5m", "--json")
     assert alert.returncode == 1, alert.stderr
-    [row] = json.loads(alert.stdout)
+    [row] = json.loads(alert.stdout)["keys"]
     assert (row["key"], row["status"], row["event_type"]) == (
         mask_key(old),
         "processing",
@@ -428,6 +431,84 @@ def test_stuck_exits_1_only_when_a_key_is_stuck(own_database: str, idem: Idem) -
     assert idem("stuck", "--older-than", "2h").returncode == 0
     bad = idem("stuck", "--older-than", "soon")
     assert bad.returncode == 2 and bad.stderr.startswith("idem: --older-than:")
+
+
+def test_stuck_shows_a_blocked_lane_once_with_its_head(own_database: str, idem: Idem) -> None:
+    """A lane whose head has an open dead letter is listed once with its head (masked), the
+    head's error and the keys parked behind it, which are not listed as stuck keys; a `skip`
+    lane's parked key is; discarding the head's dead letter hands the lane on."""
+    db = own_database
+    seed_lane_key(db, "c7-v0", "succeeded", lane="contact-7", rank=1)
+    head = seed_lane_key(
+        db, "c7-v1", "failed_final", lane="contact-7", rank=2, error_code="http_422", age="2 hours"
+    )
+    behind = [
+        seed_lane_key(
+            db, f"c7-v{n}", "pending", lane="contact-7", rank=n, error_code="lane_waiting"
+        )
+        for n in (3, 4)
+    ]
+    # Parked behind a key still on its way: not blocked (the head will run).
+    seed_lane_key(db, "c8-v1", "failed_retryable", lane="contact-8", rank=1, age="1 minute")
+    query(
+        db,
+        "UPDATE idempotency_keys SET next_attempt_at = now() + interval '1 hour'"
+        " WHERE status = 'failed_retryable'",
+    )
+    waits_for_retry = seed_lane_key(
+        db, "c8-v2", "pending", lane="contact-8", rank=2, error_code="lane_waiting"
+    )
+    # A lane that goes on past its dead letters: a key parked there this long is stuck.
+    seed_lane_key(
+        db, "c9-v1", "failed_final", lane="contact-9", rank=1, on_failure="skip", error_code="x"
+    )
+    parked_in_skip = seed_lane_key(
+        db, "c9-v2", "pending", lane="contact-9", rank=2, error_code="lane_waiting"
+    )
+    (dead_letter,) = query(db, "SELECT id FROM dead_letters WHERE idempotency_key = %s", (head,))[0]
+
+    found = idem("stuck", "--older-than", "5m", "--json")
+    assert found.returncode == 1, found.stderr
+    doc = json.loads(found.stdout)
+    # Parked an hour: behind a skip lane's dead letter, or behind a retry an hour away.
+    stuck_keys = {row["key"] for row in doc["keys"]}
+    assert stuck_keys == {mask_key(parked_in_skip), mask_key(waits_for_retry)}
+    [lane] = doc["blocked_lanes"]
+    assert {
+        k: lane[k] for k in ("route", "lane", "head_key", "head_status", "head_error_code")
+    } == {
+        "route": "crm",
+        "lane": "contact-7",
+        "head_key": mask_key(head),
+        "head_status": "failed_final",
+        "head_error_code": "http_422",
+    }
+    assert (lane["waiting"], lane["dead_letter_id"]) == (2, dead_letter)
+    assert 7100 < lane["blocked_seconds"] < 7400
+    table = idem("stuck", "--older-than", "5m")
+    assert table.returncode == 1
+    assert "blocked lanes" in table.stdout and mask_key(head) in table.stdout
+    assert head not in table.stdout and "contact-7" in table.stdout
+    # Not blocked for that long yet (its keys wait since an hour ago).
+    later = ok_json(idem("stuck", "--older-than", "2h", "--json"))
+    assert later == {"keys": [], "blocked_lanes": []}
+
+    assert idem("dlq", "discard", str(dead_letter), "--reason", "sent by hand").returncode == 0
+    released = json.loads(idem("stuck", "--older-than", "5m", "--json").stdout)
+    assert released["blocked_lanes"] == []
+    # The lane went on: its next key is queued, the one after it waits its turn (since an
+    # hour ago, so it shows as stuck until the lane reaches it).
+    assert query(db, "SELECT idempotency_key FROM outbox") == [(behind[0],)]
+    assert {row["key"] for row in released["keys"]} == stuck_keys | {mask_key(behind[1])}
+
+
+def test_dlq_list_filters_superseded_dead_letters(own_database: str, idem: Idem) -> None:
+    """A dead letter closed by a newer version of its lane lists under `--status superseded`."""
+    db = own_database
+    old = add_dead_letter(db, add_key(db, "old", "superseded"), resolution="superseded")
+    add_dead_letter(db, add_key(db, "other", "failed_final"))
+    listed = ok_json(idem("dlq", "list", "--status", "superseded", "--json"))["items"]
+    assert [(i["id"], i["status"]) for i in listed] == [(old, "superseded")]
 
 
 def test_purge_dry_run_counts_and_yes_removes_only_what_may_go(
@@ -489,6 +570,8 @@ def test_stats_json_matches_the_rows(own_database: str, idem: Idem) -> None:
     add_dead_letter(db, add_key(db, "f1", "failed_final"))
     add_dead_letter(db, add_key(db, "f2", "failed_final"), resolution="discarded")
     add_dead_letter(db, add_key(db, "q1", "quarantined"), "quarantined")
+    for version in ("1", "2"):
+        seed_lane_key(db, f"v{version}", "superseded", lane="c-1", rank=1, superseded_by="3")
 
     doc = ok_json(idem("stats", "--json"))
     assert doc["keys_by_status"] == {
@@ -498,6 +581,7 @@ def test_stats_json_matches_the_rows(own_database: str, idem: Idem) -> None:
         "failed_retryable": 0,
         "failed_final": 2,
         "quarantined": 1,
+        "superseded": 2,
     }
     assert (doc["outbox"]["due"], doc["outbox"]["unpublished"]) == (1, 2)
     assert 590 < doc["outbox"]["oldest_due_age_seconds"] < 700
@@ -508,7 +592,7 @@ def test_stats_json_matches_the_rows(own_database: str, idem: Idem) -> None:
     assert doc["leases_reclaimed"] == 3
     text = idem("stats")
     assert text.returncode == 0, text.stderr
-    for label in ("keys by status", "failed final", "open dead letters", "leases reclaimed"):
+    for label in ("keys by status", "superseded", "open dead letters", "leases reclaimed"):
         assert label in text.stdout
 
 
@@ -530,7 +614,7 @@ def test_routes_pause_resume_and_stuck_say_what_waits(idem: Idem, own_database: 
     assert (listed["crm"]["state"], listed["crm"]["backlog"]) == ("paused", 1)
     assert listed["crm"]["paused_by"] == "tester"
     stuck = idem("stuck", "--older-than", "1m", "--json")
-    assert stuck.returncode == 0 and json.loads(stuck.stdout) == []
+    assert stuck.returncode == 0 and json.loads(stuck.stdout) == {"keys": [], "blocked_lanes": []}
     assert "1 keys wait on paused or open routes (crm 1)" in stuck.stderr
     stats = ok_json(idem("stats", "--json"))
     assert stats["routes"] == {"crm": {"state": "paused", "backlog": 1, "probe_in_seconds": 0.0}}

@@ -7,6 +7,7 @@ mid-lane, and the intake's refusals.
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import signal
 import threading
@@ -18,7 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import AUTH, Downstream, Reply, Stack, query, wait_until
+from outbox.ingest.provider_signatures import sign_shopify, sign_stripe
+from tests.support import AUTH, PROVIDER_SECRETS, Downstream, Reply, Stack, query, wait_until
 
 SETTLED = ("succeeded", "superseded", "failed_final")
 
@@ -58,7 +60,39 @@ match = "feed.*"
 name = "feed"
 order_by = "/account"
 lane_on_failure = "skip"
-{common}""",
+{common}
+[[routes]]
+match = "profile.*"
+name = "profiles"
+order_by = "/contact/id"
+versions = "supersede"
+lane_on_failure = "skip"
+{common}
+[[routes]]
+match = "invoice.*"
+name = "invoices"
+order_by = "/data/object/customer"
+versions = "supersede"
+{common}
+[[routes]]
+match = "customers/update"
+name = "shop-customers"
+order_by = "/id"
+versions = "supersede"
+version_format = "timestamp"
+{common}
+[[sources]]
+name = "stripe"
+scheme = "stripe"
+secret = "{PROVIDER_SECRETS["stripe"][1]}"
+version = "/created"
+
+[[sources]]
+name = "shopify"
+scheme = "shopify"
+secret = "{PROVIDER_SECRETS["shopify"][1]}"
+version = "/updated_at"
+""",
         encoding="utf-8",
     )
     return path
@@ -364,6 +398,130 @@ def test_a_worker_killed_mid_lane_loses_nothing_and_reorders_nothing(
     assert recorder.applied["acct-k"] == list(range(1, 9))
     assert [downstream.effects[k] for k in keys] == [1] * 8
     assert [s for s, _ in _states(stack, keys).values()] == ["succeeded"] * 8
+
+
+def test_a_replayed_old_version_is_superseded_not_applied(
+    protected: tuple[Stack, Path], downstream: Downstream
+) -> None:
+    """Under supersede with `skip`: v1 is refused and dead-lettered, v2 applied; replaying v1
+    after the cause is fixed records it superseded (by 2) and sends nothing."""
+    stack, routes = protected
+    _routes(routes, downstream.url)
+    _started(stack)
+    recorder = Recorder(downstream, delay=0.0)
+    recorder.refuse.add(1)
+    first = _accepted(stack, recorder, "profile.updated", "p1", 1)
+    wait_until(lambda: _settled(stack, [first]), timeout=30)
+    second = _accepted(stack, recorder, "profile.updated", "p1", 2)
+    wait_until(lambda: _settled(stack, [second]), timeout=30)
+    recorder.refuse.clear()
+    requests = len(downstream.requests)
+    _replay(stack, [first])
+    wait_until(lambda: _states(stack, [first])[first][0] == "superseded", timeout=30)
+    assert _states(stack, [first])[first] == ("superseded", "2")
+    assert len(downstream.requests) == requests
+    assert recorder.applied["p1"] == [2]
+
+
+def test_a_paused_route_keeps_its_lanes_in_order_through_resume(
+    protected: tuple[Stack, Path], downstream: Downstream
+) -> None:
+    """Events of an ordered route arrive while it is paused; on resume every key is queued at
+    once, and each object's updates still apply one at a time in acceptance order."""
+    stack, routes = protected
+    _routes(routes, downstream.url)
+    _started(stack)
+    recorder = Recorder(downstream, delay=0.05)
+    headers = {**AUTH, "X-Operator": "ops-ada"}
+    with stack.client() as client:
+        assert client.post("/v1/routes/ledger/pause", json={}, headers=headers).status_code == 200
+    keys = [_accepted(stack, recorder, "ledger.entry", f"acct-p{n % 2}", n) for n in range(1, 13)]
+    wait_until(
+        lambda: (
+            query(
+                stack.database_url,
+                "SELECT count(*) FROM idempotency_keys WHERE route = 'ledger'"
+                " AND status = 'pending' AND error_code = 'route_paused'",
+            )
+            == [(12,)]
+        ),
+        timeout=30,
+    )
+    assert downstream.requests == []
+    with stack.client() as client:
+        assert client.post("/v1/routes/ledger/resume", headers=headers).status_code == 200
+    wait_until(lambda: _settled(stack, keys), timeout=60, interval=0.3)
+    assert recorder.applied["acct-p1"] == [1, 3, 5, 7, 9, 11]
+    assert recorder.applied["acct-p0"] == [2, 4, 6, 8, 10, 12]
+    assert recorder.overlaps("acct-p0") == recorder.overlaps("acct-p1") == 0
+    assert [downstream.effects[k] for k in keys] == [1] * 12
+
+
+def _provider(stack: Stack, source: str, body: dict[str, Any], headers: dict[str, str]) -> str:
+    raw = json.dumps(body).encode()
+    stamp = int(time.time())
+    if source == "stripe":
+        headers = {"Stripe-Signature": sign_stripe(PROVIDER_SECRETS["stripe"][1], stamp, raw)}
+    else:
+        headers = {
+            **headers,
+            "X-Shopify-Hmac-Sha256": sign_shopify(PROVIDER_SECRETS["shopify"][1], raw),
+        }
+    with httpx.Client(base_url=stack.url, timeout=15) as client:
+        answer = client.post(
+            f"/v1/webhooks/{source}",
+            content=raw,
+            headers={**headers, "content-type": "application/json"},
+        )
+    assert answer.status_code in (200, 202), answer.text
+    key: str = answer.json()["key"]
+    return key
+
+
+def test_provider_webhooks_order_by_their_own_fields(
+    protected: tuple[Stack, Path], downstream: Downstream
+) -> None:
+    """The lane pointer reads the provider's payload and the version is the provider's own:
+    Stripe's `created` (an integer) and Shopify's `updated_at` (a timestamp). A newer update
+    applied first makes the older one, delivered later, superseded."""
+    stack, routes = protected
+    _routes(routes, downstream.url)
+    _started(stack)
+    seen: list[tuple[str, Any]] = []
+
+    def record(key: str, number: int) -> Reply:
+        with downstream.lock:
+            body = next(r["body"] for r in reversed(downstream.requests) if r["key"] == key)
+        seen.append((body.get("type", "shopify"), body.get("created", body.get("updated_at"))))
+        return Reply(201)
+
+    downstream.behaviour = record
+
+    def invoice(event_id: str, created: int) -> dict[str, Any]:
+        return {
+            "id": event_id,
+            "type": "invoice.paid",
+            "created": created,
+            "data": {"object": {"customer": "cus_1"}},
+        }
+
+    newer = _provider(stack, "stripe", invoice("evt_2", 1_765_000_200), {})
+    wait_until(lambda: _settled(stack, [newer]), timeout=30)
+    older = _provider(stack, "stripe", invoice("evt_1", 1_765_000_100), {})
+    wait_until(lambda: _settled(stack, [older]), timeout=30)
+    assert _states(stack, [older])[older] == ("superseded", "1765000200")
+
+    def customer(webhook_id: str, updated_at: str) -> tuple[dict[str, Any], dict[str, str]]:
+        body = {"id": 42, "updated_at": updated_at, "email": "ada@example.com"}
+        return body, {"X-Shopify-Webhook-Id": webhook_id, "X-Shopify-Topic": "customers/update"}
+
+    late = _provider(stack, "shopify", *customer("w-2", "2026-12-01T11:00:00+01:00"))
+    wait_until(lambda: _settled(stack, [late]), timeout=30)
+    early = _provider(stack, "shopify", *customer("w-1", "2026-12-01T09:59:59Z"))
+    wait_until(lambda: _settled(stack, [early]), timeout=30)
+    assert _states(stack, [early])[early] == ("superseded", "2026-12-01T11:00:00+01:00")
+    assert downstream.effects == {newer: 1, late: 1}
+    assert seen == [("invoice.paid", 1_765_000_200), ("shopify", "2026-12-01T11:00:00+01:00")]
 
 
 @pytest.mark.parametrize(
