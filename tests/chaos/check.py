@@ -305,16 +305,20 @@ def verify(
             if not committed:
                 v.add("2xx_not_committed", f"{answer.key}: 2xx at {answer.started:.1f} s")
             row = db.keys.get(event.key)
-            # A 200 repeat is only given for a finished key, whose state never changes again.
+            # A 200 repeat is only given for a finished key, whose state never changes again
+            # (a superseded one's names the version that won).
             differs = row is not None and (
-                answer.state != row["status"] or answer.external_ref != row["external_ref"]
+                answer.state != row["status"]
+                or answer.external_ref != row["external_ref"]
+                or answer.superseded_by != row["superseded_by"]
             )
             if answer.status == 200 and differs:
                 assert row is not None
                 v.add(
                     "repeat_not_first_answer",
-                    f"{event.key}: repeat said {answer.state}/{answer.external_ref},"
-                    f" final {row['status']}/{row['external_ref']}",
+                    f"{event.key}: repeat said {answer.state}/{answer.external_ref}"
+                    f"/{answer.superseded_by}, final {row['status']}/{row['external_ref']}"
+                    f"/{row['superseded_by']}",
                 )
         if answer.status == 503 and not answer.retry_after:
             v.add("503_without_retry_after", f"event {event.index} at {answer.started:.1f} s")
@@ -335,6 +339,9 @@ def verify(
     facts = {
         "answers_by_status": dict(sorted(answers_by_status.items())),
         "receiver_duplicates": sum(1 for a in answers if a.duplicate),
+        "repeats_answered_superseded": sum(
+            1 for a in answers if a.status == 200 and a.state == "superseded"
+        ),
         "conflicts_refused": sum(
             1 for a in final.values() if a.kind == plan.CONFLICT and a.status == 422
         ),

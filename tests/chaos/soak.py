@@ -439,7 +439,8 @@ def table(report: dict[str, Any]) -> str:
             "ordered",
             f"{q['route']}: {q['events']} updates of {q['contacts']} contacts, ended"
             f" {_fmt(q['statuses'])} ({q['superseded_with_effect']} superseded after their"
-            f" write landed); {q['applied_writes']} versions applied at the CRM",
+            f" write landed); {q['applied_writes']} versions applied at the CRM;"
+            f" {a['repeats_answered_superseded']} repeats answered 200 superseded",
         ),
         (
             "faults",
