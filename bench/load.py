@@ -46,6 +46,13 @@ STRIPE_EVENT = (
     '"data":{{"object":{{"id":"in_{external_id}","object":"invoice","amount_paid":4200,'
     '"currency":"eur","customer":"cus_{external_id}","status":"paid"}}}}}}'
 )
+# An update of a business object (a CRM contact): the lane is the contact, the version grows by
+# one per event of that contact. Shaped like EVENT (the same members, plus the contact).
+LANE_EVENT = (
+    '{{"source":"{source}","event_type":"{event_type}","external_id":"{external_id}",'
+    '"version":{version},"payload":{{"contact":{{"id":"{external_id}","version":{version}}},'
+    '"email":"{external_id}@example.com","name":"Ada","amount":42}}}}'
+)
 CLAIM = (
     '{{"key":"{source}-{external_id}","payload":{{"order":"{external_id}"}},"lease_seconds":60}}'
 )
@@ -55,6 +62,8 @@ MODES = {
     "duplicates": ("/v1/events", EVENT, (200, 202)),
     "claims": ("/v1/claims", CLAIM, (201,)),
     "naive": ("/events", EVENT, (202,)),
+    # Updates of `lanes` contacts, each contact's versions 1, 2, 3 ... in the order sent.
+    "lanes": ("/v1/events", LANE_EVENT, (202,)),
     # Signed with Stripe's scheme (`secret`); ids carry `source`, so a run's events can be
     # counted afterwards (events.external_id is the event id).
     "stripe": ("/v1/webhooks/stripe", STRIPE_EVENT, (202,)),
@@ -84,6 +93,10 @@ class Spec:
     watch_pids: list[int] = field(default_factory=list)
     # stripe: the source's signing secret.
     secret: str = ""
+    # lanes: how many contacts (lanes) the updates fall on, picked at random per request, and
+    # the event type (which the routes file maps to an ordered route or not).
+    lanes: int = 0
+    event_type: str = "bench.contact.updated"
 
 
 @dataclass
@@ -195,9 +208,13 @@ class Bodies:
         self.template = MODES[spec.mode][1]
         self.tag = uuid.uuid4().hex[:10]
         self.counter = 0
+        # lanes: the last version sent of each contact.
+        self.versions: Counter[int] = Counter()
 
     def next(self) -> tuple[bytes, Headers]:
         self.counter += 1
+        if self.spec.mode == "lanes":
+            return self._lane_update(), {}
         if self.spec.mode == "duplicates":
             external_id = str(random.randrange(self.spec.known))
         elif self.spec.sequential_ids:
@@ -208,6 +225,19 @@ class Bodies:
         if self.spec.mode == "stripe":
             return body, {"stripe-signature": sign_stripe(self.spec.secret, int(time.time()), body)}
         return body, {}
+
+    def _lane_update(self) -> bytes:
+        """The next version of a contact picked at random; the contact ids carry this
+        generator's tag, so each run's lanes are its own (a later run's version 1 would
+        otherwise be older than what an earlier run applied)."""
+        contact = random.randrange(max(1, self.spec.lanes))
+        self.versions[contact] += 1
+        return self.template.format(
+            source=self.spec.source,
+            event_type=self.spec.event_type,
+            external_id=f"{self.tag}-{contact}",
+            version=self.versions[contact],
+        ).encode()
 
 
 class Recorder:

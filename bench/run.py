@@ -19,7 +19,7 @@ from typing import Any
 
 from rich.console import Console
 
-from bench import drain, growth, ingest, memory, pipeline, slow, webhooks
+from bench import drain, growth, ingest, memory, ordered, pipeline, slow, webhooks
 from bench.config import FULL, SMOKE, Profile
 from bench.context import Bench
 from bench.infra import (
@@ -33,7 +33,17 @@ from bench.infra import (
 from bench.machine import facts
 from bench.report import Check, checks_json, print_report, write_json
 
-SECTIONS = ("ingest", "duplicates", "e2e", "relay", "growth", "memory", "webhooks", "slow")
+SECTIONS = (
+    "ingest",
+    "duplicates",
+    "e2e",
+    "relay",
+    "growth",
+    "memory",
+    "webhooks",
+    "slow",
+    "ordered",
+)
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 
 
@@ -178,6 +188,13 @@ def main(argv: list[str] | None = None) -> int:
                         checks.extend(found)
 
                     section("slow", do_slow)
+                if "ordered" in wanted:
+
+                    def do_ordered() -> None:
+                        document["ordered"], found = ordered.run(bench)
+                        checks.extend(found)
+
+                    section("ordered", do_ordered)
             finally:
                 redis_server.stop()
     finally:

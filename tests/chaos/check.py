@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -68,13 +69,15 @@ class DbState:
     outbox_unpublished: int
     outbox_rows: int
     circuits: dict[str, str]  # route -> circuit state (closed | open | half_open)
+    # (route, lane) -> the version the lane remembers as applied (None: none yet)
+    lanes: dict[tuple[str, str], str | None] = field(default_factory=dict)
 
 
 def read_db(database_url: str) -> DbState:
     with connect(database_url) as conn:
         cur = conn.execute(
             "SELECT idempotency_key, status, attempts, error_code, external_ref, result,"
-            " reclaimed_count, blocked_deliveries, duplicate_count,"
+            " reclaimed_count, blocked_deliveries, duplicate_count, lane, superseded_by,"
             " COALESCE(locked_until > now(), false) AS lease_live FROM idempotency_keys"
         )
         names = [c.name for c in cur.description or ()]
@@ -91,7 +94,13 @@ def read_db(database_url: str) -> DbState:
             " count(*) FILTER (WHERE published_at IS NULL), count(*) FROM outbox"
         ).fetchone() or (0, 0, 0)
         circuits = dict(conn.execute("SELECT route, circuit FROM route_state").fetchall())
-    return DbState(keys, payloads, dict(dead), outbox_keys, due, unpublished, rows, circuits)
+        lanes = {
+            (route, lane): version
+            for route, lane, version in conn.execute(
+                "SELECT route, lane, applied_version FROM lanes"
+            ).fetchall()
+        }
+    return DbState(keys, payloads, dict(dead), outbox_keys, due, unpublished, rows, circuits, lanes)
 
 
 def worker_counters(metrics_dirs: list[Path]) -> dict[str, Counter[str]]:
@@ -202,8 +211,8 @@ def verify(
 
     # 1. Each key ends in the state its behaviour makes certain, with one effect or none.
     for event in events:
-        if event.via != plan.VIA_EVENTS:
-            continue  # verify_claims
+        if event.via != plan.VIA_EVENTS or event.ordered:
+            continue  # verify_claims, verify_ordered
         key = event.key
         row = db.keys.get(key)
         kind = event.behaviour.kind
@@ -296,16 +305,20 @@ def verify(
             if not committed:
                 v.add("2xx_not_committed", f"{answer.key}: 2xx at {answer.started:.1f} s")
             row = db.keys.get(event.key)
-            # A 200 repeat is only given for a finished key, whose state never changes again.
+            # A 200 repeat is only given for a finished key, whose state never changes again
+            # (a superseded one's names the version that won).
             differs = row is not None and (
-                answer.state != row["status"] or answer.external_ref != row["external_ref"]
+                answer.state != row["status"]
+                or answer.external_ref != row["external_ref"]
+                or answer.superseded_by != row["superseded_by"]
             )
             if answer.status == 200 and differs:
                 assert row is not None
                 v.add(
                     "repeat_not_first_answer",
-                    f"{event.key}: repeat said {answer.state}/{answer.external_ref},"
-                    f" final {row['status']}/{row['external_ref']}",
+                    f"{event.key}: repeat said {answer.state}/{answer.external_ref}"
+                    f"/{answer.superseded_by}, final {row['status']}/{row['external_ref']}"
+                    f"/{row['superseded_by']}",
                 )
         if answer.status == 503 and not answer.retry_after:
             v.add("503_without_retry_after", f"event {event.index} at {answer.started:.1f} s")
@@ -326,6 +339,9 @@ def verify(
     facts = {
         "answers_by_status": dict(sorted(answers_by_status.items())),
         "receiver_duplicates": sum(1 for a in answers if a.duplicate),
+        "repeats_answered_superseded": sum(
+            1 for a in answers if a.status == 200 and a.state == "superseded"
+        ),
         "conflicts_refused": sum(
             1 for a in final.values() if a.kind == plan.CONFLICT and a.status == 422
         ),
@@ -337,6 +353,84 @@ def verify(
         "max_latency_during_outage_seconds": round(max((a.elapsed for a in during), default=0), 3),
     }
     return v, facts
+
+
+def verify_ordered(
+    events: list[PlannedEvent], crm: dict[str, Any], db: DbState, v: Violations
+) -> dict[str, Any]:
+    """Check the ordered route's contacts (adds to `v`): per contact the versions applied at
+    the CRM strictly increase and end at the highest sent; every update ends `succeeded`
+    (applied once) or `superseded` (by a newer version, applied at most once: its write may
+    have landed before its answer was lost), none applied twice, none dead-lettered. Returns
+    the facts the report prints."""
+    effects: dict[str, int] = crm["effects"]
+    applied: dict[str, list[list[Any]]] = {
+        contact: [list(write) for write in writes] for contact, writes in crm["applied"].items()
+    }
+    ordered = [e for e in events if e.ordered]
+    sent: dict[str, list[PlannedEvent]] = defaultdict(list)
+    for event in ordered:
+        assert event.contact is not None
+        sent[event.contact].append(event)
+    route = f"crm-{plan.ORDERED_COLLECTION}"
+    superseded_with_effect = 0
+    for contact, updates in sent.items():
+        versions = [version for version, _ in applied.get(contact, [])]
+        highest = max(e.version or 0 for e in updates)
+        if any(a >= b for a, b in pairwise(versions)):
+            v.add("ordered_out_of_order", f"{contact}: applied versions {versions}")
+        if not versions or versions[-1] != highest:
+            v.add(
+                "ordered_last_not_highest",
+                f"{contact}: applied {versions}, highest sent {highest}",
+            )
+        remembered = db.lanes.get((route, contact))
+        if remembered != str(highest):
+            v.add(
+                "ordered_lane_not_at_highest",
+                f"{contact}: the lane remembers {remembered!r}, highest sent {highest}",
+            )
+    for event in ordered:
+        key = event.key
+        row = db.keys.get(key)
+        label = f"{event.contact} v{event.version} ({event.behaviour.kind})"
+        if row is None:
+            v.add("key_missing", f"{label}: no key {key}")
+            continue
+        status, n = row["status"], effects.get(key, 0)
+        if n > 1:
+            v.add("duplicate_effect", f"{label}: {n} effects, status {status}")
+        if db.dead_letters.get(key):
+            v.add("unexpected_dead_letter", f"{label}: {db.dead_letters[key]}")
+        if row["lane"] != event.contact:
+            v.add("ordered_wrong_lane", f"{label}: lane {row['lane']!r}")
+        if status == "succeeded":
+            if n != 1:
+                v.add("succeeded_without_effect", f"{label}: {n} effects at the CRM")
+            if row["external_ref"] != crm["refs"].get(key):
+                v.add(
+                    "external_ref_mismatch",
+                    f"{label}: stored {row['external_ref']!r}, CRM {crm['refs'].get(key)!r}",
+                )
+        elif status == "superseded":
+            superseded_with_effect += 1 if n else 0
+            newer = row["superseded_by"]
+            if not (str(newer).isdigit() and int(newer) > (event.version or 0)):
+                v.add("superseded_by_not_newer", f"{label}: superseded by {newer!r}")
+        elif status in ("pending", "processing", "failed_retryable"):
+            v.add("key_unfinished", f"{label} is {status} ({row['error_code']})")
+        else:
+            v.add("ordered_unexpected_status", f"{label}: {status} ({row['error_code']})")
+    statuses = Counter(db.keys[e.key]["status"] for e in ordered if e.key in db.keys)
+    return {
+        "route": route,
+        "contacts": len(sent),
+        "events": len(ordered),
+        "statuses": dict(statuses),
+        "superseded_with_effect": superseded_with_effect,
+        "applied_writes": sum(len(w) for w in applied.values()),
+        "applied": {contact: [version for version, _ in w] for contact, w in applied.items()},
+    }
 
 
 def verify_claims(

@@ -35,6 +35,7 @@ class Answer:
     state: str | None = None
     external_ref: str | None = None
     error_code: str | None = None
+    superseded_by: str | None = None
 
 
 class Scheduler:
@@ -168,6 +169,7 @@ class Sender(Scheduler):
         answer.state = body.get("status")
         answer.external_ref = body.get("external_ref")
         answer.error_code = body.get("error")
+        answer.superseded_by = body.get("superseded_by")
         self.answers.append(answer)
         if response.status_code == 503:
             try:

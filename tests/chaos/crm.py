@@ -11,6 +11,10 @@ Every request is counted per key and per actor: a request carrying `ACTOR_HEADER
 comes from the soak's workflows (tests/chaos/workflow.py, under `/wf/<collection>`), any other
 from the gateway's worker (the routes' URLs). A key has one actor kind; the checker reports a
 key that saw the other one.
+
+Writes to the ordered collection (`plan.ORDERED_COLLECTION`) carry a contact and its version
+in the body; each committed one is appended to that contact's list, so the checker sees the
+order versions were applied in.
 """
 
 from __future__ import annotations
@@ -71,6 +75,8 @@ class FakeCrm:
         self.writes_while_flaky = 0
         self.refused_while_flaky = 0
         self.flaky_rng = random.Random(f"flaky:{seed}")
+        # Ordered collection: contact -> (version, key) of each committed write, in order.
+        self.applied: dict[str, list[tuple[int, str]]] = {}
         self._server: _Server | None = None
 
     @property
@@ -92,6 +98,7 @@ class FakeCrm:
                 "written_before_down": self.written_before_down,
                 "writes_while_flaky": self.writes_while_flaky,
                 "refused_while_flaky": self.refused_while_flaky,
+                "applied": {contact: list(writes) for contact, writes in self.applied.items()},
             }
 
     def spell_writes(self) -> dict[str, int]:
@@ -135,9 +142,9 @@ class FakeCrm:
             self.injected["outage_503"] += 1
             return True
 
-    def _reply(self, key: str) -> tuple[int, dict[str, str], bool, float, bool]:
+    def _reply(self, key: str, collection: str) -> tuple[int, dict[str, str], bool, float, bool]:
         """(status, headers, commit, delay, drop) for the next POST of `key`."""
-        behaviour = plan.behaviour_of(self.seed, key)
+        behaviour = plan.behaviour_at(self.seed, key, collection)
         with self.lock:
             self.posts[key] += 1
             n = self.posts[key]
@@ -164,10 +171,13 @@ class FakeCrm:
         with self.lock:
             self.actors.setdefault(key, Counter())[WORKFLOW if actor == WORKFLOW else GATEWAY] += 1
 
-    def _commit(self, key: str) -> str:
+    def _commit(self, key: str, collection: str, body: bytes) -> str:
         with self.lock:
             self.effects[key] += 1
             ref = self.refs.setdefault(key, f"crm-{len(self.refs) + 1}")
+            if collection == plan.ORDERED_COLLECTION:
+                contact = json.loads(body)["contact"]
+                self.applied.setdefault(contact["id"], []).append((contact["version"], key))
         return ref
 
     def start(self) -> FakeCrm:
@@ -212,17 +222,18 @@ class FakeCrm:
 
             def _post(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
-                self.rfile.read(length)
+                body = self.rfile.read(length)
                 key = self.headers.get("idempotency-key", "")
+                collection = self.path.strip("/").split("/", 1)[0]
                 crm._seen(key, self.headers.get(ACTOR_HEADER))
                 if crm._refused(self.path, self.headers.get(ACTOR_HEADER)):
                     with contextlib.suppress(OSError):
                         self._answer(503, {"error": "down"}, {})
                     return
-                status, headers, commit, delay, drop = crm._reply(key)
+                status, headers, commit, delay, drop = crm._reply(key, collection)
                 answer: dict[str, Any] = {}
                 if commit:
-                    answer["id"] = crm._commit(key)
+                    answer["id"] = crm._commit(key, collection, body)
                 with crm.lock:
                     if drop:
                         crm.injected["lost"] += 1

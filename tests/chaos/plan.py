@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,19 @@ SOURCE = "chaos"
 EVENT_TYPES = ("crm.lead.created", "crm.deal.won", "crm.task.assigned")
 # The CRM collection each event type writes to (the routes file maps them the same way).
 COLLECTIONS = {"crm.lead.created": "leads", "crm.deal.won": "deals", "crm.task.assigned": "tasks"}
+
+# Ordered traffic: updates of CRM contacts through one route with `order_by = "/contact/id"` and
+# `versions = "supersede"`. Each contact gets several versions, sent shuffled, some at the same
+# instant, each delivered one to three times; the CRM records per contact the order versions
+# were applied in. They come on top of the other events: ORDERED_SHARE as many.
+ORDERED_EVENT_TYPE = "crm.contact.updated"
+ORDERED_COLLECTION = "contacts"
+ORDERED_SHARE = 0.15
+ORDERED_VERSIONS = (3, 6)  # versions per contact, drawn per contact
+# A contact's first deliveries all fall within this many seconds (shuffled), and this share of
+# its versions go at one instant.
+ORDERED_SPREAD_SECONDS = 1.5
+ORDERED_SAME_INSTANT = 0.3
 
 # Behaviours and their shares of the keys; the rest answer 201 at once.
 LOST = "lost"  # commit, then drop the connection without an answer
@@ -57,6 +71,16 @@ class Behaviour:
     retry_after: int = 0  # seconds announced with each 503
 
 
+def behaviour_at(seed: int, key: str, collection: str) -> Behaviour:
+    """The key's behaviour at one collection of the fake CRM. The ordered contacts never
+    refuse a write for good (a 422 would leave a dead letter holding the contact's lane, and
+    the last version could not be applied): their invalid share behaves fine."""
+    behaviour = behaviour_of(seed, key)
+    if collection == ORDERED_COLLECTION and behaviour.kind == INVALID:
+        return Behaviour(OK)
+    return behaviour
+
+
 def behaviour_of(seed: int, key: str) -> Behaviour:
     """The key's behaviour at the fake CRM: deterministic in (seed, key)."""
     digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
@@ -90,6 +114,13 @@ class PlannedEvent:
     via: str = VIA_EVENTS
     lease_seconds: int = 0  # claims only: the lease each claim asks for
     abandon: bool = False  # claims only: the first run that creates the task crashes
+    # Ordered traffic only: the contact (its lane) and this update's version of it.
+    contact: str | None = None
+    version: int | None = None
+
+    @property
+    def ordered(self) -> bool:
+        return self.contact is not None
 
     def claim_body(self, payload: dict[str, Any] | None = None) -> dict[str, Any]:
         """What a workflow POSTs to /v1/claims for this event."""
@@ -101,13 +132,16 @@ class PlannedEvent:
         }
 
     def body(self, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-        return {
+        body = {
             "source": SOURCE,
             "event_type": self.event_type,
             "external_id": self.external_id,
             "payload": self.payload if payload is None else payload,
             "workflow": "chaos-soak",
         }
+        if self.version is not None:
+            body["version"] = self.version
+        return body
 
 
 @dataclass
@@ -231,14 +265,43 @@ def claim_key(seed: int, index: int, wanted: str | None = None) -> str:
     raise AssertionError(f"no key with behaviour {wanted}")  # 10 000 misses: not in practice
 
 
+def _copies(
+    rng: random.Random,
+    event: PlannedEvent,
+    count: int,
+    first: float,
+    duration: float,
+    body: Callable[[], dict[str, Any]],
+) -> list[Delivery]:
+    """`count` more deliveries of `event`, first delivered at `first`: each soon (0-8 s
+    later), at the same instant, or late (in the last 7 % of the run)."""
+    copies = []
+    for _ in range(count):
+        kind = rng.choices((SOON, CONCURRENT, LATE), weights=(50, 25, 25))[0]
+        at = {
+            SOON: first + rng.uniform(0.05, 8.0),
+            CONCURRENT: first,
+            LATE: rng.uniform(0.93, 1.0) * duration,
+        }[kind]
+        copies.append(Delivery(event, kind, at, body()))
+    return copies
+
+
 def plan_events(
     seed: int, count: int, duration: float, claims_share: float = CLAIMS_SHARE
 ) -> tuple[list[PlannedEvent], list[Delivery]]:
     """`count` events, their first deliveries spread over the first 85 % of `duration`, each
     delivered 1 to 4 times (some copies concurrent, some soon, some at the very end), and 4 %
     of them followed by a conflicting payload under the same key. A `claims_share` of them
-    is handled by a workflow through /v1/claims instead of /v1/events."""
+    is handled by a workflow through /v1/claims instead of /v1/events. On top of them, about
+    ORDERED_SHARE as many updates of contacts on the ordered route (`plan_ordered`), numbered
+    last."""
     rng = random.Random(f"events:{seed}")
+    ordered_rng = random.Random(f"ordered:{seed}")
+    contacts = [
+        ordered_rng.randint(*ORDERED_VERSIONS)
+        for _ in range(max(1, round(count * ORDERED_SHARE / sum(ORDERED_VERSIONS) * 2)))
+    ]
     window = 0.85 * duration
     events: list[PlannedEvent] = []
     deliveries: list[Delivery] = []
@@ -268,14 +331,7 @@ def plan_events(
         first = window * index / count + rng.uniform(0, window / count)
         deliveries.append(Delivery(event, FIRST, first, body()))
         copies = rng.choices((1, 2, 3, 4), weights=(40, 30, 20, 10))[0]
-        for _ in range(copies - 1):
-            kind = rng.choices((SOON, CONCURRENT, LATE), weights=(50, 25, 25))[0]
-            at = {
-                SOON: first + rng.uniform(0.05, 8.0),
-                CONCURRENT: first,
-                LATE: rng.uniform(0.93, 1.0) * duration,
-            }[kind]
-            deliveries.append(Delivery(event, kind, at, body()))
+        deliveries.extend(_copies(rng, event, copies - 1, first, duration, body))
         if event.abandon:
             # The provider's redelivery after the crashed run, past the longest lease (the
             # workflow also redelivers a crashed run itself, whenever it crashes).
@@ -285,8 +341,53 @@ def plan_events(
             changed = {**payload, "name": f"Someone Else {index}", "amount": payload["amount"] + 1}
             at = first + rng.uniform(0.5, 15.0) if rng.random() < 0.7 else duration
             deliveries.append(Delivery(event, CONFLICT, min(at, duration), body(changed)))
+    plan_ordered(seed, contacts, duration, events, deliveries, ordered_rng)
     deliveries.sort(key=lambda d: d.at)
     return events, deliveries
+
+
+def plan_ordered(
+    seed: int,
+    contacts: list[int],
+    duration: float,
+    events: list[PlannedEvent],
+    deliveries: list[Delivery],
+    rng: random.Random,
+) -> None:
+    """Updates of `len(contacts)` contacts (contact i gets versions 1 .. contacts[i]), appended
+    to `events` and `deliveries`. A contact's first deliveries fall within
+    ORDERED_SPREAD_SECONDS, in an order of their own (shuffled), a share of them at one
+    instant, between 5 % and 80 % of `duration`; each is delivered one to three times (the
+    copies soon, concurrent or late, as for the other events)."""
+    for number, versions in enumerate(contacts):
+        contact = f"contact-{seed}-{number:04d}"
+        start = rng.uniform(0.05, 0.8) * duration
+        instant = start + rng.uniform(0, ORDERED_SPREAD_SECONDS)
+        for version in range(1, versions + 1):
+            index = len(events)
+            payload = {
+                "contact": {"id": contact, "version": version},
+                "email": f"{contact}@example.com",
+                "name": f"Contact {number} v{version}",
+            }
+            event = PlannedEvent(
+                index,
+                ORDERED_EVENT_TYPE,
+                contact,
+                payload,
+                "",
+                Behaviour(OK),
+                contact=contact,
+                version=version,
+            )
+            event.key = derived_key(event.body())
+            event.behaviour = behaviour_at(seed, event.key, ORDERED_COLLECTION)
+            events.append(event)
+            same = rng.random() < ORDERED_SAME_INSTANT
+            first = instant if same else start + rng.uniform(0, ORDERED_SPREAD_SECONDS)
+            deliveries.append(Delivery(event, FIRST, first, event.body()))
+            copies = rng.choices((1, 2, 3), weights=(40, 40, 20))[0]
+            deliveries.extend(_copies(rng, event, copies - 1, first, duration, event.body))
 
 
 def plan_faults(seed: int, duration: float) -> list[Fault]:

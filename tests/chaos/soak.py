@@ -51,9 +51,14 @@ HUNG_AFTER = 20.0
 def write_routes(path: Path, crm_url: str, max_attempts: int) -> Path:
     """One http route per event type, each with a reconcile lookup; timeouts well inside the
     5 s lease; short backoff; a budget far above what the injected faults can use up; a
-    circuit breaker with short cool-downs (see `plan.CIRCUIT_COOLDOWN_SECONDS`)."""
+    circuit breaker with short cool-downs (see `plan.CIRCUIT_COOLDOWN_SECONDS`). The
+    contacts' route also orders each contact's updates (`order_by`, `versions`)."""
     tables = []
-    for event_type, collection in plan.COLLECTIONS.items():
+    ordered = {plan.ORDERED_EVENT_TYPE: plan.ORDERED_COLLECTION}
+    for event_type, collection in {**plan.COLLECTIONS, **ordered}.items():
+        lanes = (
+            'order_by = "/contact/id"\nversions = "supersede"\n' if event_type in ordered else ""
+        )
         tables.append(
             f"""
 [[routes]]
@@ -73,7 +78,7 @@ circuit_window_seconds = {plan.CIRCUIT_WINDOW_SECONDS}
 circuit_half_open_calls = {plan.CIRCUIT_HALF_OPEN_CALLS}
 circuit_cooldown_seconds = {plan.CIRCUIT_COOLDOWN_SECONDS}
 circuit_cooldown_cap_seconds = {plan.CIRCUIT_COOLDOWN_CAP_SECONDS}
-"""
+{lanes}"""
         )
     path.write_text("".join(tables), encoding="utf-8")
     return path
@@ -350,7 +355,7 @@ def _incidents(incidents: list[dict[str, Any]]) -> str:
 
 
 def table(report: dict[str, Any]) -> str:
-    s, a, g, c, f, k, o, p = (
+    s, a, g, c, f, k, o, p, q = (
         report["sent"],
         report["answers"],
         report["gateway"],
@@ -359,6 +364,7 @@ def table(report: dict[str, Any]) -> str:
         report["claims"],
         report["route_outage"],
         report["partial_failure"],
+        report["ordered"],
     )
     statuses = a["answers_by_status"]
     two_xx = sum(n for code, n in statuses.items() if code.startswith("2"))
@@ -428,6 +434,13 @@ def table(report: dict[str, Any]) -> str:
             f"{k['effects_total']} at the CRM ({k['keys_with_more_than_one']} keys with more"
             f" than one); {k['gateway_requests_for_claims_keys']} CRM requests for claims keys"
             " from the gateway's worker",
+        ),
+        (
+            "ordered",
+            f"{q['route']}: {q['events']} updates of {q['contacts']} contacts, ended"
+            f" {_fmt(q['statuses'])} ({q['superseded_with_effect']} superseded after their"
+            f" write landed); {q['applied_writes']} versions applied at the CRM;"
+            f" {a['repeats_answered_superseded']} repeats answered 200 superseded",
         ),
         (
             "faults",
@@ -597,6 +610,7 @@ def run(args: argparse.Namespace) -> int:
         claims_facts = check.verify_claims(
             events, claimed, workflows.ledger, crm_state, db, violations
         )
+        ordered_facts = check.verify_ordered(events, crm_state, db, violations)
         if not drained:
             violations.add(
                 "clients_not_done",
@@ -683,6 +697,7 @@ def run(args: argparse.Namespace) -> int:
                 "requests": len(sender.answers),
             },
             "claims": claims_facts,
+            "ordered": ordered_facts,
             "behaviours": dict(Counter(e.behaviour.kind for e in events)),
             "answers": facts,
             "crm": {

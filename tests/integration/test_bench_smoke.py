@@ -1,8 +1,8 @@
 """`python -m bench.run --smoke` runs its sections and writes numeric JSON (speed not judged).
 
 `make test` runs the sections on the event path (ingest and repeats, end to end, the relay,
-provider webhooks, slow downstreams); `make test-slow` runs every section, growth and memory
-included (they fill and drain databases of their own, half a minute more).
+provider webhooks, slow downstreams, ordered traffic); `make test-slow` runs every section,
+growth and memory included (they fill and drain databases of their own, half a minute more).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ CHECKED = {
     "memory": "6 memory",
     "webhooks": "7 webhooks",
     "slow": "8 slow downstream",
+    "ordered": "9 ordered traffic",
 }
-EVENT_PATH = ("ingest", "duplicates", "e2e", "relay", "webhooks", "slow")
+EVENT_PATH = ("ingest", "duplicates", "e2e", "relay", "webhooks", "slow", "ordered")
 
 
 def _numbers(value: Any) -> list[float]:

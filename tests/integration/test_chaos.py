@@ -1,5 +1,6 @@
 """The chaos soak, CI-sized: 45 seconds of faults over 450 events, a fifth of them handled by
-workflows through the claims API, must break no invariant."""
+workflows through the claims API, and shuffled updates of contacts on an ordered route, must
+break no invariant."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from tests.support import ROOT
 def test_chaos_soak_breaks_no_invariant(tmp_path: Path) -> None:
     """`python -m tests.chaos.soak --duration 45 --events 450` exits 0, its report counts
     no violation, every kind of fault really happened, and the workflows' claims were
-    completed, failed (effect unknown, effect none, final), abandoned and reclaimed."""
+    completed, failed (effect unknown, effect none, final), abandoned and reclaimed, and the
+    ordered route's contacts met stale versions (superseded) and each got its highest."""
     report_path = tmp_path / "chaos-report.json"
     command = [
         sys.executable,
@@ -91,3 +93,10 @@ def test_chaos_soak_breaks_no_invariant(tmp_path: Path) -> None:
     partial = report["partial_failure"]
     assert partial["writes_refused"] >= 1, partial
     assert partial["final_circuit"] == "closed", partial
+
+    # Ordered traffic: each contact's versions were applied in increasing order and ended at the
+    # highest (the soak's own checks); the shuffled sending really made some of them stale.
+    ordered = report["ordered"]
+    assert ordered["contacts"] >= 10, ordered
+    assert ordered["statuses"].get("superseded", 0) >= 1, ordered
+    assert ordered["statuses"].get("succeeded", 0) >= ordered["contacts"], ordered
