@@ -220,13 +220,25 @@ BEGIN
     THEN
         RETURN 0;
     END IF;
-    SELECT k.idempotency_key, k.lane_rank, k.correlation_id, e.version INTO nxt
-      FROM idempotency_keys k JOIN events e USING (idempotency_key)
-     WHERE k.route = p_route AND k.lane = p_lane AND k.status = 'pending'
-       AND k.error_code = 'lane_waiting' AND k.actor = 'worker'
-     ORDER BY CASE WHEN ln.ordering = 'supersede' THEN -k.lane_rank ELSE k.lane_rank END
-     LIMIT 1
-       FOR UPDATE OF k SKIP LOCKED;
+    -- Two statements, each walking the lane index in its own direction: the first parked key
+    -- is found at once however many wait.
+    IF ln.ordering = 'supersede' THEN
+        SELECT k.idempotency_key, k.lane_rank, k.correlation_id, e.version INTO nxt
+          FROM idempotency_keys k JOIN events e USING (idempotency_key)
+         WHERE k.route = p_route AND k.lane = p_lane AND k.status = 'pending'
+           AND k.error_code = 'lane_waiting' AND k.actor = 'worker'
+         ORDER BY k.lane_rank DESC
+         LIMIT 1
+           FOR UPDATE OF k SKIP LOCKED;
+    ELSE
+        SELECT k.idempotency_key, k.lane_rank, k.correlation_id, e.version INTO nxt
+          FROM idempotency_keys k JOIN events e USING (idempotency_key)
+         WHERE k.route = p_route AND k.lane = p_lane AND k.status = 'pending'
+           AND k.error_code = 'lane_waiting' AND k.actor = 'worker'
+         ORDER BY k.lane_rank
+         LIMIT 1
+           FOR UPDATE OF k SKIP LOCKED;
+    END IF;
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
@@ -337,10 +349,22 @@ def upgrade() -> None:
         """
     )
     op.execute("CREATE INDEX lanes_expires_idx ON lanes (expires_at)")
-    # A lane's keys in lane order: every lane look (and purge's "any key left?") is a range
-    # of this index, never a scan of all keys.
+    # A lane's unfinished keys in lane order: every lane decision is a range of this index,
+    # which finished keys leave, so a long-lived lane costs no more than a new one.
     op.execute(
         "CREATE INDEX idempotency_keys_lane_idx ON idempotency_keys (route, lane, lane_rank)"
+        " WHERE lane IS NOT NULL AND status IN"
+        " ('pending', 'processing', 'failed_retryable', 'failed_final', 'quarantined')"
+    )
+    # Superseded keys, counted exactly by /v1/stats and /metrics (an index of their own:
+    # they are finished, like succeeded ones, and leave the lane index).
+    op.execute(
+        "CREATE INDEX idempotency_keys_superseded_idx ON idempotency_keys (updated_at)"
+        " WHERE status = 'superseded'"
+    )
+    # Purge's "is any key of this lane left?".
+    op.execute(
+        "CREATE INDEX idempotency_keys_lane_keys_idx ON idempotency_keys (route, lane)"
         " WHERE lane IS NOT NULL"
     )
     # The sweeper's look for lanes whose parked keys wait longer than they should.
@@ -384,6 +408,8 @@ def downgrade() -> None:
     op.execute("DROP FUNCTION lane_admit(text, bigint, text, text, text, float8)")
     op.execute("DROP FUNCTION lane_supersede_older(text, text, numeric, text, boolean)")
     op.execute("DROP INDEX idempotency_keys_lane_parked_idx")
+    op.execute("DROP INDEX idempotency_keys_superseded_idx")
+    op.execute("DROP INDEX idempotency_keys_lane_keys_idx")
     op.execute("DROP INDEX idempotency_keys_lane_idx")
     op.execute("DROP TABLE lanes")
     op.execute("DROP SEQUENCE lane_acceptance")

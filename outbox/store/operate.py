@@ -130,9 +130,9 @@ STATS_KEYS_UNFINISHED: TextClause = text(
 
 STATS_KEYS_SUPERSEDED: TextClause = text(
     """
-    -- Exact: only a lane step supersedes, so every superseded key has a lane and the count
-    -- reads the lane index (its cost follows the keys of ordered routes, never the others).
-    SELECT count(*) FROM idempotency_keys WHERE lane IS NOT NULL AND status = 'superseded'
+    -- Exact, through the partial index of superseded keys (migration 0011): its cost follows
+    -- the superseded keys alone, never the others.
+    SELECT count(*) FROM idempotency_keys WHERE status = 'superseded'
     """
 )
 

@@ -1,0 +1,112 @@
+"""Lanes' upkeep on real PostgreSQL: the sweeper hands on a lane nothing else would, leaves a
+busy or blocked lane alone, and purge forgets a lane once its keys are gone; a lane with a
+long history decides as fast as a new one (its finished keys leave the lane index)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, text
+
+from outbox.core.settings import Settings
+from outbox.maintenance.purge import purge
+from outbox.maintenance.sweeper import sweep_once
+from outbox.store.engines import create_sync_engine
+from tests.support import query, seed_lane_key
+
+
+@pytest.fixture
+def engine(own_database: str) -> Iterator[Engine]:
+    settings = Settings(database_url=own_database, redis_url="redis://unused")
+    engine = create_sync_engine(settings)
+    yield engine
+    engine.dispose()
+
+
+def _settings(db: str) -> Settings:
+    return Settings(database_url=db, redis_url="redis://unused", sweep_grace_seconds=60)
+
+
+def _queued(db: str) -> list[str]:
+    return [row[0] for row in query(db, "SELECT idempotency_key FROM outbox ORDER BY id")]
+
+
+def test_the_sweeper_hands_on_an_idle_lane_only(own_database: str, engine: Engine) -> None:
+    """Three lanes with parked keys older than the grace period: one idle (its oldest parked
+    key is queued, once), one whose head runs, one blocked by a dead letter (both left
+    alone). A second pass queues nothing more."""
+    db = own_database
+    idle = [
+        seed_lane_key(db, f"idle-{n}", "pending", lane="L1", rank=n, error_code="lane_waiting")
+        for n in (1, 2)
+    ]
+    seed_lane_key(db, "busy-1", "processing", lane="L2", rank=1)
+    seed_lane_key(db, "busy-2", "pending", lane="L2", rank=2, error_code="lane_waiting")
+    seed_lane_key(db, "dead-1", "failed_final", lane="L3", rank=1, error_code="http_422")
+    seed_lane_key(db, "dead-2", "pending", lane="L3", rank=2, error_code="lane_waiting")
+    report = sweep_once(engine, _settings(db))
+    assert report is not None and report.lanes_woken == 1
+    assert _queued(db) == [idle[0]]
+    assert query(
+        db, "SELECT error_code FROM idempotency_keys WHERE idempotency_key = %s", (idle[0],)
+    ) == [("lane_released",)]
+    again = sweep_once(engine, _settings(db))
+    assert again is not None and again.lanes_woken == 0
+    assert _queued(db) == [idle[0]]
+
+
+def test_purge_forgets_a_lane_once_its_keys_are_gone(own_database: str, engine: Engine) -> None:
+    """Expired finished keys of a lane (succeeded and superseded) are purged, then the lane
+    row whose time is up; a lane with a key left, or whose time is not up, stays."""
+    db = own_database
+    for n, status in ((1, "succeeded"), (2, "superseded")):
+        seed_lane_key(db, f"old-{n}", status, lane="gone", rank=n, age="40 days")
+    seed_lane_key(db, "kept-1", "pending", lane="kept", rank=1, error_code="lane_waiting")
+    seed_lane_key(db, "fresh-1", "succeeded", lane="fresh", rank=1, age="40 days")
+    query(
+        db,
+        "UPDATE idempotency_keys SET expires_at = now() - interval '10 days',"
+        " created_at = now() - interval '50 days' WHERE lane IN ('gone', 'fresh')",
+    )
+    query(db, "UPDATE lanes SET expires_at = now() - interval '1 day' WHERE lane <> 'fresh'")
+    assert purge(engine, dry_run=False).expired_keys == 3
+    assert query(db, "SELECT lane FROM lanes ORDER BY lane") == [("fresh",), ("kept",)]
+
+
+def test_a_long_lane_decides_through_its_unfinished_keys_only(
+    own_database: str, engine: Engine
+) -> None:
+    """100 000 succeeded keys in one lane, then one parked key: handing the lane on reads the
+    lane index, which holds the unfinished keys alone: the look for an older unfinished key
+    reads no more than a handful of rows, and the wake finds the parked key."""
+    db = own_database
+    query(
+        db,
+        "INSERT INTO idempotency_keys (idempotency_key, status, payload_hash, correlation_id,"
+        " source, event_type, route, expires_at, lane, lane_rank)"
+        " SELECT 'k-' || i, 'succeeded', 'h', 'c', 'webform', 'crm.lead.created', 'crm',"
+        " now() + interval '1 day', 'long', i FROM generate_series(1, 100000) i",
+    )
+    seed_lane_key(db, "tail", "pending", lane="long", rank=100_001, error_code="lane_waiting")
+    query(db, "ANALYZE idempotency_keys")
+    with engine.begin() as conn:
+        plan = "\n".join(
+            row[0]
+            for row in conn.execute(
+                text(
+                    "EXPLAIN ANALYZE SELECT 1 FROM idempotency_keys o WHERE o.route = 'crm'"
+                    " AND o.lane = 'long' AND o.lane_rank < 100001"
+                    " AND (o.status IN ('pending', 'failed_retryable')"
+                    "      OR o.status IN ('failed_final', 'quarantined')) LIMIT 1"
+                )
+            )
+        )
+        woken = conn.execute(text("SELECT lane_wake('crm', 'long')")).scalar_one()
+    # Whichever index the planner takes, it never walks the lane's history.
+    assert "Seq Scan" not in plan, plan
+    removed = [int(n) for n in re.findall(r"Rows Removed by Filter: (\d+)", plan)]
+    assert max(removed, default=0) < 1000, plan
+    assert woken == 1
+    assert query(db, "SELECT count(*) FROM outbox") == [(1,)]
