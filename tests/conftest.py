@@ -104,7 +104,7 @@ def db(database_url: str) -> Iterator[str]:
     with psycopg.connect(libpq(database_url), autocommit=True) as conn:
         conn.execute(
             "TRUNCATE idempotency_keys, events, outbox, dead_letters, replays, "
-            "route_state, route_permits, route_changes, lanes"
+            "route_state, route_permits, route_changes, lanes, attempts, notices, notify_cursors"
         )
     yield database_url
 
