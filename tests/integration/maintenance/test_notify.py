@@ -17,7 +17,16 @@ from sqlalchemy import create_engine
 from outbox.ingest.provider_signatures import StandardSigner
 from outbox.operate import routestate
 from outbox.store import routes as route_sql
-from tests.support import SIGNING_SECRET, Stack, envelope, query, run_idem, wait_until, write_routes
+from tests.support import (
+    SIGNING_SECRET,
+    Stack,
+    envelope,
+    query,
+    run_idem,
+    seed_pending_key,
+    wait_until,
+    write_routes,
+)
 
 # The shared routes file's downstream, which this test's routes file keeps.
 DOWNSTREAM_URL = re.compile(r'url = "(http://[^"/]+)/tasks"')
@@ -269,3 +278,36 @@ def test_a_target_that_is_down_is_retried_and_keys_keep_flowing(
     assert query(stack.database_url, "SELECT count(*) FROM notices WHERE sent_at IS NULL") == [(0,)]
     assert '"notify.send_failed"' in stack.logs("sweeper")
     assert target.url not in stack.logs("sweeper")
+
+
+def test_stuck_keys_are_told_when_they_start_and_when_they_end(
+    private_stack: Stack, tmp_path: Path, target: Target
+) -> None:
+    """Two keys untouched past `stuck_after_seconds` reach a threshold of two: one `stuck`
+    notice with their masked keys, none more while they stay stuck, and one when they are
+    finished."""
+    stack = private_stack
+    notify = notify_tables(target, on='"stuck"').replace(
+        "window_seconds", "stuck_threshold = 2\nstuck_after_seconds = 60\nwindow_seconds"
+    )
+    use_routes(stack, tmp_path, target, notify)
+    keys = [seed_pending_key(stack.database_url, f"stuck-{i}") for i in range(2)]
+    sweep = ["sweep", "--once"]
+    assert run_idem(*sweep, env=stack.env()).returncode == 0
+    assert target.bodies("/hook") == []  # not untouched for a minute yet
+    query(
+        stack.database_url,
+        "UPDATE idempotency_keys SET updated_at = now() - interval '2 minutes'",
+    )
+    for _ in range(2):
+        assert run_idem(*sweep, env=stack.env()).returncode == 0
+    raised = target.bodies("/hook")
+    assert [(b["type"], b["data"]["raised"], b["data"]["count"]) for b in raised] == [
+        ("stuck", True, 2)
+    ]
+    assert all("…" in key for key in raised[0]["data"]["keys"])
+    assert not set(raised[0]["data"]["keys"]) & set(keys)
+    query(stack.database_url, "UPDATE idempotency_keys SET status = 'succeeded'")
+    assert run_idem(*sweep, env=stack.env()).returncode == 0
+    assert [b["data"]["raised"] for b in target.bodies("/hook")] == [True, False]
+    assert [b["text"] for b in target.bodies("/slack")][-1] == "no more stuck keys"
