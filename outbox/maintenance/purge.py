@@ -9,7 +9,8 @@ waiting for a claim that never came (the workflow gave up); never a key whose ef
 (`uncertain`: forgetting it would let the next claim answer "safe to act"), never a processing
 key (a live lease, or an expired one whose holder may have acted), never a worker key still on
 its way to an end (removing it would lose the event), never a key with an open dead letter.
-A lane (`lanes`) goes once its time is up and none of its keys is left.
+A lane (`lanes`) goes once its time is up and none of its keys is left, a sent notice after
+the outbox's retention.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
-from outbox.store import lanes
+from outbox.store import lanes, notify
 from outbox.store import maintenance as q
 
 # Published outbox rows are kept a week: enough to answer "was it sent, and when?"
@@ -61,8 +62,13 @@ def purge(
                     {"retention_seconds": retention_seconds, "limit": batch},
                 ).all()
             )
-            # Lanes whose keys are all gone go too; no count of their own (they are small).
+            # Lanes whose keys are all gone go too, and notices sent longer ago than the
+            # outbox's retention; no count of their own (they are small).
             conn.execute(lanes.PURGE_IDLE_LANES, {"limit": batch})
+            conn.execute(
+                notify.PURGE_SENT_NOTICES,
+                {"retention_seconds": retention_seconds, "limit": batch},
+            )
         keys += deleted_keys
         rows += deleted_rows
         batches += 1

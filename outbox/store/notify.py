@@ -148,3 +148,16 @@ MARK_FAILED: TextClause = text(
      WHERE id = :id AND sent_at IS NULL
     """
 )
+
+PURGE_SENT_NOTICES: TextClause = text(
+    """
+    -- Sent notices are history once past the outbox's retention; a bounded batch at a time
+    -- (a dedupe key never comes back: the cursors only move forward).
+    DELETE FROM notices WHERE id IN (
+        SELECT id FROM notices
+         WHERE sent_at < now() - make_interval(secs => :retention_seconds)
+         LIMIT :limit
+    )
+    RETURNING id
+    """
+)
