@@ -96,14 +96,17 @@ def sweep(
     once: bool = typer.Option(False, "--once", help="One pass, then exit."),
 ) -> None:
     """Re-drive keys whose lease expired or whose message was lost (one sweeper acts at a time)."""
+    from outbox.core.routes import load_routes
     from outbox.maintenance.sweeper import run_sweeper, sweep_once
     from outbox.store.engines import create_sync_engine
 
-    settings = load_settings()
+    # Routes, not sources: the sweeper verifies no signature; it reads the [[notify]] targets.
+    settings = load_settings(sources=False)
+    notify = load_routes(settings.routes_file, sources=False).notify
     engine = create_sync_engine(settings)
     try:
         if once:
-            report = sweep_once(engine, settings)
+            report = sweep_once(engine, settings, notify)
             typer.echo(
                 "another sweeper holds the lock"
                 if report is None
@@ -112,7 +115,7 @@ def sweep(
             return
         stop = threading.Event()
         _stop_on_signals(stop)
-        run_sweeper(settings, engine, stop)
+        run_sweeper(settings, engine, stop, notify)
     finally:
         engine.dispose()
 

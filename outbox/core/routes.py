@@ -27,6 +27,7 @@ from pydantic import (
 
 from outbox.core import standard_webhooks, strength
 from outbox.core.keys import normalize_text
+from outbox.core.notify import NotifyTarget, NotifyTargets
 from outbox.core.sources import SCHEME_FIELDS, STANDARD_HOW_TO, SchemeName, Source
 
 __all__ = [
@@ -258,13 +259,20 @@ class RoutesFile(BaseModel):
 
     routes: list[Route] = Field(min_length=1)
     sources: list[Source] = Field(default_factory=list)
+    notify: NotifyTargets = Field(default_factory=list)
 
 
 class RouteTable:
     """The loaded routes, answering which route an event type takes."""
 
-    def __init__(self, routes: list[Route], sources: list[Source] | None = None) -> None:
+    def __init__(
+        self,
+        routes: list[Route],
+        sources: list[Source] | None = None,
+        notify: list[NotifyTarget] | None = None,
+    ) -> None:
         self.routes = routes
+        self.notify = notify or []
         self.sources = {s.key: s for s in sources or []}
         self._exact = {r.match.casefold(): r for r in reversed(routes) if not _is_glob(r.match)}
         self._globs = [r for r in routes if _is_glob(r.match)]
@@ -322,7 +330,7 @@ def load_routes(path: Path | None, *, sources: bool = True) -> RouteTable:
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
         raise RoutesError(f"routes file {path} is invalid: {problems}") from exc
-    return RouteTable(parsed.routes, parsed.sources)
+    return RouteTable(parsed.routes, parsed.sources, parsed.notify)
 
 
 def _expand_env(value: Any) -> Any:

@@ -3,8 +3,8 @@ rank there (docs/architecture.md, "Lanes").
 
 Decided at intake, once, from what the sender sent: a worker only ever compares what was
 stored. An event the route cannot place is refused before anything is stored (422), since an
-ordered route cannot say where it belongs: `lane_missing`, `version_required`,
-`version_invalid`.
+ordered route cannot say where it belongs: `lane_missing`, `lane_invalid` (not printable
+text: it is shown to operators), `version_required`, `version_invalid`.
 """
 
 from __future__ import annotations
@@ -48,6 +48,16 @@ def place(route: Route, payload: Any, external_id: str, version: str | None) -> 
             f"Route {route.label!r} orders its events by {route.order_by!r}: a non-empty string "
             f"(at most {MAX_LANE_CHARS} characters) or an integer is expected there. Nothing "
             "was stored.",
+            order_by=route.order_by,
+        )
+    if not lane.isprintable():
+        # The lane is shown to operators (`idem stuck`, the console): no escape sequence, bidi
+        # override or private-use character from a sender reaches their screen.
+        raise Problem(
+            422,
+            "lane_invalid",
+            f"The lane at {route.order_by!r} holds a control, format or private-use character. "
+            "Nothing was stored.",
             order_by=route.order_by,
         )
     if route.versions != "supersede":

@@ -8,7 +8,9 @@ wait. Each pass, under an advisory lock so only one sweeper acts at a time:
   claim takes over with a newer fence and reconciles before acting;
 - keys `pending` or due for a retry that nothing has touched for the grace period, and whose
   last message was published before it, get a new outbox row (`redriven`);
-- one bounded batch of expired keys (TTL) and old published outbox rows is purged.
+- one bounded batch of expired keys (TTL) and old published outbox rows is purged;
+- the notifier (`outbox.maintenance.notify`, under a lock of its own) tells the routes file's
+  `[[notify]]` targets what happened since its last pass, in a bounded time.
 
 A redundant delivery is harmless (the claim refuses it); a missing one would lose the event.
 """
@@ -22,8 +24,10 @@ from sqlalchemy import Engine
 
 from outbox.core.heartbeat import Heartbeat
 from outbox.core.logs import get_logger
+from outbox.core.notify import NotifyTarget
 from outbox.core.settings import Settings
 from outbox.core.wire import PROCESS_TASK
+from outbox.maintenance.notify import NotifyReport, notify_once
 from outbox.maintenance.purge import purge
 from outbox.store import lanes
 from outbox.store import maintenance as sql
@@ -44,8 +48,12 @@ class SweepReport:
     pruned_outbox_rows: int = 0
 
 
-def sweep_once(engine: Engine, settings: Settings) -> SweepReport | None:
-    """One pass; None when another sweeper holds the lock."""
+def sweep_once(
+    engine: Engine, settings: Settings, notify: list[NotifyTarget] | None = None
+) -> SweepReport | None:
+    """One pass; None when another sweeper holds the lock (the notifier runs either way,
+    under its own lock)."""
+    _notify(engine, notify or [])
     params = {
         "limit": settings.sweep_batch_size,
         "grace_seconds": settings.sweep_grace_seconds,
@@ -75,7 +83,24 @@ def sweep_once(engine: Engine, settings: Settings) -> SweepReport | None:
     )
 
 
-def run_sweeper(settings: Settings, engine: Engine, stop: threading.Event) -> None:
+def _notify(engine: Engine, targets: list[NotifyTarget]) -> NotifyReport | None:
+    """The notifier's turn: its failure is logged and never stops the sweep."""
+    try:
+        report = notify_once(engine, targets)
+    except Exception as error:
+        log.warning("notify.failed", error=type(error).__name__, detail=str(error)[:200])
+        return None
+    if report is not None and (report.written or report.sent or report.failed):
+        log.info("notify.pass", written=report.written, sent=report.sent, failed=report.failed)
+    return report
+
+
+def run_sweeper(
+    settings: Settings,
+    engine: Engine,
+    stop: threading.Event,
+    notify: list[NotifyTarget] | None = None,
+) -> None:
     """Sweep every `sweep_interval_seconds` until `stop` is set."""
     log.info(
         "sweeper.started",
@@ -86,7 +111,7 @@ def run_sweeper(settings: Settings, engine: Engine, stop: threading.Event) -> No
     while not stop.is_set():
         heartbeat.beat()
         try:
-            report = sweep_once(engine, settings)
+            report = sweep_once(engine, settings, notify)
         except Exception as error:
             log.warning("sweeper.failed", error=type(error).__name__, detail=str(error)[:200])
         else:

@@ -65,7 +65,8 @@ ROUTE_CALLS: TextClause = text(
     --   half-open → a trial's answer closes it (and starts a fresh window); :trials failed
     --               trials (or :opens_now) re-open it.
     -- Each re-opening since the last close doubles the cool-down, up to :cooldown_cap, never
-    -- shorter than the downstream's Retry-After. `opened` / `closed` say this statement did it.
+    -- shorter than the downstream's Retry-After. `opened` / `closed` say this statement did it,
+    -- and a `route_changes` row records it in the same statement (the notifier reads those).
     WITH p AS (
         SELECT route, circuit AS was, trial_failures, reopened_count,
                CAST(:key AS text) = ANY(trial_keys) AND circuit = 'half_open' AS trial,
@@ -115,7 +116,7 @@ ROUTE_CALLS: TextClause = text(
                    AS opening,
                trial AND NOT :failed AS closing
           FROM k
-    )
+    ), u AS (
     UPDATE route_state r
        SET circuit = CASE WHEN d.opening THEN 'open' WHEN d.closing THEN 'closed'
                           ELSE r.circuit END,
@@ -148,10 +149,17 @@ ROUTE_CALLS: TextClause = text(
            updated_at = now()
       FROM d
      WHERE r.route = d.route
-    RETURNING r.circuit, d.opening AS opened, d.closing AS closed,
+    RETURNING r.route, r.circuit, d.opening AS opened, d.closing AS closed,
               round(CAST(d.estimated_calls AS numeric), 1) AS calls,
               round(CAST(d.estimated_failures AS numeric), 1) AS failures,
               EXTRACT(EPOCH FROM r.open_until - now()) AS cooldown_seconds
+    ), changed AS (
+        INSERT INTO route_changes (route, action, reason, requested_by)
+        SELECT route, CASE WHEN opened THEN 'circuit_opened' ELSE 'circuit_closed' END,
+               CASE WHEN opened THEN :reason ELSE 'trial_succeeded' END, 'breaker'
+          FROM u WHERE opened OR closed
+    )
+    SELECT circuit, opened, closed, calls, failures, cooldown_seconds FROM u
     """
 )
 

@@ -110,3 +110,43 @@ def test_a_long_lane_decides_through_its_unfinished_keys_only(
     assert max(removed, default=0) < 1000, plan
     assert woken == 1
     assert query(db, "SELECT count(*) FROM outbox") == [(1,)]
+
+
+def test_a_lane_with_100000_parked_updates_is_handed_on_in_bounded_steps(
+    own_database: str,
+) -> None:
+    """100 000 updates of one object parked behind its lane (supersede), nothing running: one
+    hand-on, under a 1 s statement timeout, wakes the newest and supersedes a bounded batch of
+    the older ones (1 000), never the whole backlog in one statement."""
+    db = own_database
+    query(
+        db,
+        "INSERT INTO idempotency_keys (idempotency_key, status, payload_hash, correlation_id,"
+        " source, event_type, route, expires_at, lane, lane_rank, error_code)"
+        " SELECT 'p-' || i, 'pending', 'h', 'c', 'webform', 'crm.lead.created', 'crm',"
+        " now() + interval '1 day', 'hot', i, 'lane_waiting' FROM generate_series(1, 100000) i",
+    )
+    query(
+        db,
+        "INSERT INTO events (idempotency_key, source, event_type, external_id, version, payload)"
+        " SELECT idempotency_key, source, event_type, 'hot', lane_rank::text, '{}'"
+        " FROM idempotency_keys",
+    )
+    query(
+        db,
+        "INSERT INTO lanes (route, lane, ordering, on_failure, expires_at)"
+        " VALUES ('crm', 'hot', 'supersede', 'block', now() + interval '1 day')",
+    )
+    query(db, "ANALYZE idempotency_keys")
+    settings = Settings(database_url=db, redis_url="redis://unused", db_timeout_seconds=1)
+    engine = create_sync_engine(settings)
+    try:
+        with engine.begin() as conn:
+            woken = conn.execute(text("SELECT lane_wake('crm', 'hot')")).scalar_one()
+    finally:
+        engine.dispose()
+    assert woken == 1
+    assert _queued(db) == ["p-100000"]
+    assert query(
+        db, "SELECT status, superseded_by, count(*) FROM idempotency_keys GROUP BY 1, 2 ORDER BY 1"
+    ) == [("pending", None, 99_000), ("superseded", "100000", 1_000)]

@@ -571,6 +571,8 @@ def test_provider_webhooks_order_by_their_own_fields(
     [
         ("contact.updated", 3, {"contact": {"name": "no id"}}, "lane_missing"),
         ("contact.updated", 3, {"contact": {"id": {"nested": 1}}}, "lane_missing"),
+        ("contact.updated", 3, {"contact": {"id": "c9\u202e"}}, "lane_invalid"),
+        ("contact.updated", 3, {"contact": {"id": "c9\x1b[2J"}}, "lane_invalid"),
         ("contact.updated", None, {"contact": {"id": "c9"}}, "version_required"),
         ("contact.updated", "v3", {"contact": {"id": "c9"}}, "version_invalid"),
         ("stamped.updated", "2026-12-01 10:00", {"contact": {"id": "c9"}}, "version_invalid"),
