@@ -6,6 +6,10 @@ Settings follow the known traps of Celery on Redis: JSON only; acks after the ta
 process holds at most one message; task events only when asked for (`WORKER_TASK_EVENTS`, or
 Flower's enable_events while Flower runs); Celery's root-logger hijack off so our structlog
 setup stays in charge. Retries never use countdown/ETA: they wait in the outbox.
+
+A task ends as its attempt did (`worker.task_state`): SUCCESS, RETRY for a retry scheduled in
+the outbox, FAILURE for a dead letter, with the error code for Flower. Celery acknowledges all
+three (`task_acks_on_failure_or_timeout`) and re-publishes none.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from worker import metrics
 from worker.attempt import run_attempt
 from worker.guard import RouteGuard
 from worker.store import KeyStore
+from worker.task_state import DeadLettered, report
 
 
 @dataclass
@@ -89,6 +94,9 @@ def create_worker_app(settings: Settings) -> Celery:
         accept_content=["json"],
         task_ignore_result=True,
         task_acks_late=True,
+        # Celery's default, pinned: a task that ends FAILURE (a dead letter) is acknowledged,
+        # never requeued; only a lost process is (task_reject_on_worker_lost).
+        task_acks_on_failure_or_timeout=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         worker_send_task_events=settings.worker_task_events,
@@ -99,14 +107,18 @@ def create_worker_app(settings: Settings) -> Celery:
         broker_transport_options={"visibility_timeout": settings.visibility_timeout},
     )
 
-    @app.task(name=PROCESS_TASK, ignore_result=True)  # type: ignore[untyped-decorator]
+    # A dead letter is an expected FAILURE: one INFO line from Celery, no traceback.
+    @app.task(  # type: ignore[untyped-decorator]
+        name=PROCESS_TASK, ignore_result=True, throws=(DeadLettered,)
+    )
     def process(key: str, correlation_id: str | None = None) -> str:
-        """Claim the key, run its route's action, record the outcome under the fence."""
+        """Claim the key, run its route's action, record the outcome under the fence; then
+        end the task in the state that tells the outcome."""
         structlog.contextvars.clear_contextvars()
         if correlation_id:
             structlog.contextvars.bind_contextvars(correlation_id=correlation_id)
         try:
-            return run_attempt(
+            finished = run_attempt(
                 runtime.store(),
                 runtime.routes,
                 key,
@@ -115,6 +127,7 @@ def create_worker_app(settings: Settings) -> Celery:
             )
         finally:
             structlog.contextvars.clear_contextvars()
+        return report(finished)
 
     @signals.worker_process_init.connect(weak=False)  # type: ignore[untyped-decorator]
     def _after_fork(**_: Any) -> None:

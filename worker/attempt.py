@@ -59,6 +59,7 @@ from worker.outcomes import (
     after_failure,
 )
 from worker.store import Blocked, Claim, Failed, KeyStore
+from worker.task_state import Finished
 
 log = get_logger(__name__)
 
@@ -74,8 +75,9 @@ def run_attempt(
     lease_seconds: float,
     rng: random.Random | None = None,
     guard: RouteGuard | None = None,
-) -> str:
-    """Process one delivery of `key`; returns what happened, for the task's log line.
+) -> Finished:
+    """Process one delivery of `key`; returns what happened, for the task's log line, with
+    its error code (`Finished`) for the task's state.
 
     Without a `guard` routes have no limits, no breaker and no pause."""
     # For operators only (who held it); the claim's random token is what proves holding.
@@ -91,7 +93,7 @@ def run_attempt(
             actor=claim.actor,
         )
         ATTEMPTS.labels("blocked", "").inc()
-        return "blocked"
+        return Finished("blocked")
     structlog.contextvars.bind_contextvars(
         key=keys.mask_key(key),
         correlation_id=claim.correlation_id,
@@ -152,7 +154,7 @@ def run_attempt(
     ATTEMPTS.labels(result, error_code).inc()
     # The configured route's label: a key's stored route may name one no longer configured.
     ACTION_SECONDS.labels(route.label if route is not None else OTHER_ROUTE).observe(elapsed)
-    return result
+    return Finished(result, error_code)
 
 
 def _log_finished(outcome: Outcome, recorded: bool, duration_ms: float) -> str:
