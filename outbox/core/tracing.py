@@ -4,13 +4,14 @@ Off unless the standard variables ask for it (`OTEL_TRACES_EXPORTER`, or an OTLP
 `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`), and then only with the
 `otel` extra installed. The hot paths (accept, the relay's batch, an attempt) call into this
 module whatever the configuration, so each entry point begins with one look at a module global;
-with tracing off nothing of OpenTelemetry's SDK or instrumentations is imported, and no span,
-carrier or header is built.
+with tracing off nothing of OpenTelemetry's SDK or instrumentations is imported by this module,
+and no span, carrier or header is built.
 
 Where the trace goes (docs/architecture.md, "Tracing"):
-- the receiver's HTTP server span (the ASGI instrumentation, wrapped around the whole app so
-  the fast path is inside it) continues an incoming `traceparent` or starts the trace, and its
-  context is stored with the event (`events.trace_context`, written by the accept statement);
+- the receiver's HTTP server span (the ASGI instrumentation around the event paths, which take
+  a path ahead of FastAPI's own tracing) continues an incoming `traceparent` or starts the
+  trace, and its context is stored with the event (`events.trace_context`, written by the
+  accept statement);
 - the relay reads the stored context with its batch and makes a messaging `send` span per
   message, a child of it, whose context travels in the Celery message's headers;
 - every attempt is a `process` span, a child of (and linked to) that send span, named after the

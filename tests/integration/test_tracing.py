@@ -261,3 +261,22 @@ def test_an_attempt_after_a_sweepers_redrive_joins_the_events_trace(
     assert query(
         traced.database_url, "SELECT count(*) FROM outbox WHERE idempotency_key = %s", (key,)
     ) == [(2,)]
+
+
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+def test_every_process_sends_its_spans_when_it_stops(
+    traced: Stack, collector: Collector, downstream: Downstream, pool: str
+) -> None:
+    """With spans held back for ten minutes, the receiver, the relay and the worker (either
+    pool, a prefork child included) still send every span of the event when they stop."""
+    traced.extra_env.update(OTEL_BSP_SCHEDULE_DELAY="600000", WORKER_POOL=pool)
+    traced.start_all()
+    key = _post(traced, envelope(f"stopped-{pool}", event_type="plain.lead"))
+    assert finished(traced, key)["status"] == "succeeded"
+    (parent,) = _traceparents(downstream, key)
+    trace_id = parent.split("-")[1]
+    assert collector.trace(trace_id) == []
+
+    traced.stop_all()
+    spans = _complete(collector, trace_id, attempts=1, sends=1)
+    assert {s.service for s in spans} == {"idem-receiver", "idem-relay", "idem-worker"}
