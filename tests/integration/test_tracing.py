@@ -17,8 +17,18 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 
+from outbox.core import standard_webhooks
 from outbox.core.wire import TASK_QUEUE
-from tests.support import Downstream, Reply, Stack, envelope, finished, query, wait_until
+from tests.support import (
+    SIGNING_SECRET,
+    Downstream,
+    Reply,
+    Stack,
+    envelope,
+    finished,
+    query,
+    wait_until,
+)
 
 SERVER, CLIENT = ProtoSpan.SPAN_KIND_SERVER, ProtoSpan.SPAN_KIND_CLIENT
 PRODUCER, CONSUMER = ProtoSpan.SPAN_KIND_PRODUCER, ProtoSpan.SPAN_KIND_CONSUMER
@@ -280,3 +290,47 @@ def test_every_process_sends_its_spans_when_it_stops(
     traced.stop_all()
     spans = _complete(collector, trace_id, attempts=1, sends=1)
     assert {s.service for s in spans} == {"idem-receiver", "idem-relay", "idem-worker"}
+
+
+def test_a_signed_request_keeps_its_signature_and_a_lookup_is_no_resend(
+    traced: Stack, collector: Collector, downstream: Downstream
+) -> None:
+    """On a signed route the traceparent rides beside a signature that still verifies over the
+    body, id and timestamp; after a 500 the reconcile lookup is a client span of its own with no
+    resend count, and the re-send has a resend count of 1, all in the event's trace."""
+    downstream.behaviour = lambda _key, n: Reply(500, commit=False) if n == 1 else Reply()
+    traced.start_all()
+    key = _post(traced, envelope("signed-traced-1", event_type="signed.lead"))
+    state = finished(traced, key)
+    assert (state["status"], state["attempts"]) == ("succeeded", 2)
+    posts = [r for r in downstream.requests if r["key"] == key]
+    lookups = list(downstream.lookup_requests)
+    assert (len(posts), len(lookups)) == (2, 1)
+    secret = standard_webhooks.decode_secret(SIGNING_SECRET)
+    for request in [*posts, *lookups]:
+        headers = {name.lower(): value for name, value in request["headers"].items()}
+        assert "traceparent" in headers
+        signature = standard_webhooks.mac(
+            secret, headers["webhook-id"], int(headers["webhook-timestamp"]), request["raw"]
+        )
+        assert f"v1,{signature.decode()}" in headers["webhook-signature"].split()
+
+    trace_id = _traceparents(downstream, key)[0].split("-")[1]
+    spans = wait_until(
+        lambda: (
+            (found := collector.trace(trace_id))
+            and sum(s.kind == CLIENT for s in found) == 3
+            and sum(s.kind == CONSUMER for s in found) == 2
+            and found
+        ),
+        timeout=30,
+    )
+    clients = sorted(
+        (
+            (s.attributes["http.request.method"], s.attributes.get("http.request.resend_count"))
+            for s in spans
+            if s.kind == CLIENT
+        ),
+        key=repr,
+    )
+    assert clients == [("GET", None), ("POST", 1), ("POST", None)]
