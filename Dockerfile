@@ -19,10 +19,11 @@ RUN groupadd --system --gid 10001 idem \
 WORKDIR /app
 
 # Dependencies first, pinned by constraints.txt: this layer is rebuilt when the dependency list
-# or the pins change, not on every change of the code. Only the runtime dependencies: the
-# extras (embedded servers, test tools) stay out of the image.
+# or the pins change, not on every change of the code. The runtime dependencies and the `otel`
+# extra (tracing, off until OTEL_* variables are set); the other extras (embedded servers, test
+# tools) stay out of the image.
 COPY pyproject.toml constraints.txt /app/
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['otel']))" \
        > /tmp/requirements.txt \
     && pip install --no-cache-dir -c constraints.txt -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt

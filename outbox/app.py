@@ -22,8 +22,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from sqlalchemy import Engine
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp
 
 from outbox.claims.api import claims_router
+from outbox.core import tracing
 from outbox.core.access import FailureThrottle, require_token_or_loopback
 from outbox.core.jsonroute import JsonBodyError
 from outbox.core.limits import BodyTooLarge, RequestLimits, too_large
@@ -34,7 +36,7 @@ from outbox.core.settings import Settings, get_settings
 from outbox.core.unexpected import UnexpectedErrors
 from outbox.ingest import admission
 from outbox.ingest.events import event_ingest, events_router
-from outbox.ingest.fastpath import Receiver
+from outbox.ingest.fastpath import Receiver, event_route
 from outbox.ingest.metrics import EventCounters
 from outbox.ingest.webhooks import webhook_ingest, webhooks_router
 from outbox.operate.api import operator_router
@@ -44,6 +46,13 @@ from outbox.store.engines import RECEIVER, create_receiver_engine, create_sync_e
 from outbox.store.readiness import Readiness
 
 log = get_logger(__name__)
+
+
+def create_server() -> ASGIApp:
+    """The receiver as `idem serve` runs it (in each of its processes): inside the HTTP server
+    span of every request when tracing is on (outbox/core/tracing.py), the app itself when off."""
+    tracing.setup("idem-receiver")
+    return tracing.instrument_asgi(create_app(), event_route)
 
 
 def create_app(settings: Settings | None = None, routes: RouteTable | None = None) -> Receiver:
@@ -77,6 +86,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
             state["readiness"].close()
             await state["engine"].dispose()
             state["sync_engine"].dispose()
+            tracing.shutdown()
             # Here, not after uvicorn.run: uvicorn re-raises the stopping signal once it is done.
             log.info("receiver.stopped")
 
@@ -90,6 +100,8 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         # /docs is added below, from installed files; ReDoc would load itself from a CDN.
         docs_url=None,
         redoc_url=None,
+        # FastAPI's own spans (tracing on: outbox/core/tracing.py), never for probes and scrapes.
+        telemetry={"exclude": tracing.untraced},
     )
     app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes)
     # Added last, so outermost of ours: it answers what every handler let through.

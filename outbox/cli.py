@@ -62,7 +62,7 @@ def serve(
     # is still its ERROR line.
     log.info("receiver.starting", url=f"http://{host}:{port}", workers=workers)
     uvicorn.run(
-        "outbox.app:create_app",
+        "outbox.app:create_server",
         factory=True,
         host=host,
         port=port,
@@ -77,6 +77,7 @@ def serve(
 @app.command()
 def relay() -> None:
     """Publish due outbox rows to the broker until stopped."""
+    from outbox.core import tracing
     from outbox.relay.loop import run_relay
     from outbox.relay.publisher import create_publisher
     from outbox.store.engines import create_relay_engine
@@ -84,11 +85,13 @@ def relay() -> None:
     settings = load_settings()
     stop = threading.Event()
     _stop_on_signals(stop)
+    tracing.setup("idem-relay")
     engine = create_relay_engine(settings)
     try:
         run_relay(settings, engine, create_publisher(settings), stop)
     finally:
         engine.dispose()
+        tracing.shutdown()
 
 
 @app.command()

@@ -22,6 +22,7 @@ import structlog
 from celery import Celery, signals
 from sqlalchemy import Engine
 
+from outbox.core import tracing
 from outbox.core.logs import configure_logging
 from outbox.core.routes import RouteTable, load_routes
 from outbox.core.settings import Settings
@@ -88,6 +89,9 @@ def create_worker_app(settings: Settings) -> Celery:
     routes = load_routes(settings.routes_file, sources=False)
     check_timing(settings, routes)
     runtime = Runtime(settings=settings, routes=routes)
+    # Before any fork: a prefork child inherits the provider (its span processor restarts its
+    # thread in the child).
+    tracing.setup("idem-worker")
     app = Celery("idem", broker=settings.redis_url, set_as_current=True)
     app.conf.update(
         task_serializer="json",
@@ -109,21 +113,27 @@ def create_worker_app(settings: Settings) -> Celery:
 
     # A dead letter is an expected FAILURE: one INFO line from Celery, no traceback.
     @app.task(  # type: ignore[untyped-decorator]
-        name=PROCESS_TASK, ignore_result=True, throws=(DeadLettered,)
+        name=PROCESS_TASK, ignore_result=True, bind=True, throws=(DeadLettered,)
     )
-    def process(key: str, correlation_id: str | None = None) -> str:
-        """Claim the key, run its route's action, record the outcome under the fence; then
-        end the task in the state that tells the outcome."""
+    def process(task: Any, key: str, correlation_id: str | None = None) -> str:
+        """Claim the key, run its route's action, record the outcome under the fence (in the
+        attempt's span when tracing is on); then end the task in the state that tells the
+        outcome."""
         structlog.contextvars.clear_contextvars()
         if correlation_id:
             structlog.contextvars.bind_contextvars(correlation_id=correlation_id)
         try:
-            finished = run_attempt(
-                runtime.store(),
-                runtime.routes,
-                key,
-                lease_seconds=settings.lease_seconds,
-                guard=runtime.guard(),
+            finished = tracing.traced_attempt(
+                task.request.get,
+                TASK_QUEUE,
+                task.request.id or "",
+                lambda: run_attempt(
+                    runtime.store(),
+                    runtime.routes,
+                    key,
+                    lease_seconds=settings.lease_seconds,
+                    guard=runtime.guard(),
+                ),
             )
         finally:
             structlog.contextvars.clear_contextvars()
@@ -135,8 +145,14 @@ def create_worker_app(settings: Settings) -> Celery:
 
     @signals.worker_process_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
     def _process_gone(pid: int | None = None, **_: Any) -> None:
+        # A prefork child ends without the interpreter's exit handlers: send its spans now.
+        tracing.flush()
         if pid:
             metrics.mark_process_dead(pid)
+
+    @signals.worker_shutdown.connect(weak=False)  # type: ignore[untyped-decorator]
+    def _stopped(**_: Any) -> None:
+        tracing.shutdown()
 
     @signals.setup_logging.connect(weak=False)  # type: ignore[untyped-decorator]
     def _logging(**_: Any) -> None:

@@ -38,7 +38,7 @@ from typing import assert_never
 
 import structlog
 
-from outbox.core import contract, keys
+from outbox.core import contract, keys, tracing
 from outbox.core.logs import get_logger
 from outbox.core.routes import Route, RouteTable
 from worker.actions import ActionContext, ActionResult, get_action, get_reconciler
@@ -107,6 +107,7 @@ def run_attempt(
         uncertain=claim.uncertain,
     )
     route = routes.by_label(claim.route) or routes.resolve(claim.event_type)
+    tracing.attempt_route(route.label if route is not None else claim.route, claim.attempt)
     started = time.monotonic()
     outcome: Outcome
     # What the downstream did, for the breaker: set only when the action ran.

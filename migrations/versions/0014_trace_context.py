@@ -1,6 +1,8 @@
 """Trace context stored with the event: the W3C `traceparent` (and `tracestate`) the receiver
 continued or started, so that the relay's publish and every attempt, hours later and after a
-sweeper re-drive, join the same trace. NULL when tracing is off.
+sweeper re-drive, join the same trace. NULL when tracing is off. Written by the accept
+statement as JSON (`{"traceparent": "00-…", "tracestate": "…"}`, never baggage), read by the
+relay's claim with each outbox row (outbox/core/tracing.py).
 
 Revision ID: 0014
 Revises: 0013

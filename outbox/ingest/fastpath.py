@@ -77,6 +77,16 @@ class Receiver(FastAPI):
         return None
 
 
+def event_route(path: str) -> str | None:
+    """The route template of a path the shortcut takes (a trace's `http.route`), else None."""
+    if path == EVENTS_PATH:
+        return EVENTS_PATH
+    source = path.removeprefix(WEBHOOKS_PREFIX)
+    if source != path and source and "/" not in source:
+        return WEBHOOKS_PREFIX + "{source}"
+    return None
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """Read at most `limit` bytes; refuse early on a declared size, and on a streamed one."""
     declared = request.headers.get("content-length")

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from outbox.core import tracing
 from outbox.core.wire import PROCESS_TASK
 from outbox.store import ingest as sql
 
@@ -95,6 +96,8 @@ async def accept(engine: AsyncEngine, event: NewEvent) -> Outcome:
         "task_name": PROCESS_TASK,
         "lane": event.lane,
         "lane_rank": event.lane_rank,
+        # The request's span (tracing on), under which the relay and every attempt go on.
+        "trace_context": tracing.context_to_store(),
     }
     reserve = sql.RESERVE_KEY
     if event.contract_violations:

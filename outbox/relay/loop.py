@@ -34,6 +34,7 @@ import psycopg
 from celery import Celery
 from sqlalchemy import Engine, make_url
 
+from outbox.core import tracing
 from outbox.core.heartbeat import Heartbeat
 from outbox.core.logs import get_logger
 from outbox.core.settings import Settings
@@ -73,13 +74,17 @@ def publish_due_batch(
     """Take, publish and mark one batch of due rows; no transaction is open during the send."""
     with engine.begin() as conn:
         rows = conn.execute(
-            sql.CLAIM_DUE_OUTBOX, {"limit": limit, "lease_seconds": claim_seconds}
+            sql.CLAIM_DUE_OUTBOX,
+            {"limit": limit, "lease_seconds": claim_seconds, "traced": tracing.enabled()},
         ).all()
     if not rows:
         return NOTHING
     # The statement's RETURNING has no order; publish oldest first, as selected.
     rows = sorted(rows, key=lambda r: (r.available_at, r.id))
-    messages = [OutboxMessage(r.id, r.idempotency_key, r.task_name, r.correlation_id) for r in rows]
+    messages = [
+        OutboxMessage(r.id, r.idempotency_key, r.task_name, r.correlation_id, r.trace_context)
+        for r in rows
+    ]
     sent: list[int] = []
     try:
         send(app, messages, sent)

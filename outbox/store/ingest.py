@@ -20,7 +20,8 @@ RESERVE_KEY: TextClause = text(
     -- (`inserted` false: a new key's count is 0, a counted repeat's at least 1), and nothing
     -- else is written; a concurrent repeat waits for the first insert's transaction, then does
     -- the same. No row means the key is known with another payload or belongs to a workflow
-    -- (a claims key), or was purged between.
+    -- (a claims key), or was purged between. The event keeps the trace context it came with
+    -- (NULL with tracing off), so every later step of the key joins its trace.
     WITH reserved AS (
         INSERT INTO idempotency_keys (
             idempotency_key, payload_hash, correlation_id, source, event_type, route,
@@ -40,9 +41,10 @@ RESERVE_KEY: TextClause = text(
         RETURNING idempotency_key, status, correlation_id, created_at, result, external_ref,
                   error_code, attempts, superseded_by, duplicate_count = 0 AS inserted
     ), stored AS (
-        INSERT INTO events (idempotency_key, source, event_type, external_id, version, payload)
+        INSERT INTO events (idempotency_key, source, event_type, external_id, version, payload,
+                            trace_context)
         SELECT idempotency_key, :source, :event_type, :external_id, :version,
-               CAST(:payload AS jsonb)
+               CAST(:payload AS jsonb), :trace_context
           FROM reserved WHERE inserted
     ), queued AS (
         INSERT INTO outbox (idempotency_key, task_name, correlation_id)
@@ -77,9 +79,10 @@ RESERVE_KEY_QUARANTINED: TextClause = text(
         RETURNING idempotency_key, status, correlation_id, created_at, result, external_ref,
                   error_code, attempts, superseded_by, duplicate_count = 0 AS inserted
     ), stored AS (
-        INSERT INTO events (idempotency_key, source, event_type, external_id, version, payload)
+        INSERT INTO events (idempotency_key, source, event_type, external_id, version, payload,
+                            trace_context)
         SELECT idempotency_key, :source, :event_type, :external_id, :version,
-               CAST(:payload AS jsonb)
+               CAST(:payload AS jsonb), :trace_context
           FROM reserved WHERE inserted
     ), dead AS (
         INSERT INTO dead_letters (idempotency_key, kind, error_code, error_detail, attempts,

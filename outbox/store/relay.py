@@ -15,7 +15,8 @@ CLAIM_DUE_OUTBOX: TextClause = text(
     -- open. SKIP LOCKED and the lease keep concurrent relays on disjoint rows; selecting by
     -- state (not by id > last seen) never skips a late-committing row. A relay that dies
     -- before marking leaves its rows to whichever relay comes after the lease (a second
-    -- publish is harmless: the worker's claim refuses a finished or held key).
+    -- publish is harmless: the worker's claim refuses a finished or held key). With :traced
+    -- (tracing on) each row brings its event's stored trace context; off, the lookup never runs.
     WITH due AS (
         SELECT id
           FROM outbox
@@ -31,7 +32,10 @@ CLAIM_DUE_OUTBOX: TextClause = text(
       FROM due
      WHERE o.id = due.id
     RETURNING o.id, o.idempotency_key, o.task_name, o.correlation_id, o.available_at,
-              EXTRACT(EPOCH FROM now() - o.available_at)::float8 AS waited_seconds
+              EXTRACT(EPOCH FROM now() - o.available_at)::float8 AS waited_seconds,
+              CASE WHEN :traced THEN (SELECT e.trace_context FROM events e
+                                       WHERE e.idempotency_key = o.idempotency_key)
+              END AS trace_context
     """
 )
 

@@ -241,13 +241,16 @@ def test_succeeded_keys_are_estimated_on_a_large_table(
 
 
 def test_the_relay_claim_reads_by_index(big: str) -> None:
-    """The relay's claim takes its batch through the unpublished rows' index."""
+    """The relay's claim takes its batch through the unpublished rows' index (and, traced, the
+    events' stored context through their key)."""
     import psycopg
 
     statement = (
         str(queries.CLAIM_DUE_OUTBOX)
         .replace(":limit", "%(limit)s")
         .replace(":lease_seconds", "%(lease)s")
+        # Traced: each row's trace context is looked up too, by the events' key.
+        .replace(":traced", "true")
     )
     with psycopg.connect(libpq(big)) as conn:
         document = conn.execute(

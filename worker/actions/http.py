@@ -7,7 +7,8 @@ On a route with `signing_secret` every request (the action's and the reconcile l
 signed as Standard Webhooks ask (`outbox.core.standard_webhooks`): `webhook-id` is the key, the
 same on every attempt, so the downstream can deduplicate by it; `webhook-timestamp` is the send
 time, new on every attempt; `webhook-signature` covers exactly the bytes sent, since the
-request is built first and its built body is what is signed.
+request is built first and its built body is what is signed. The trace's `traceparent`
+(tracing on) is added after signing, as a header the signature does not cover.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from urllib.parse import quote
 
 import httpx
 
-from outbox.core import standard_webhooks
+from outbox.core import standard_webhooks, tracing
 from outbox.core.jsonbody import resolve_pointer
 from outbox.core.routes import Route
 from worker.actions import ActionContext, ActionResult
@@ -40,11 +41,14 @@ def client() -> httpx.Client:
     if _client is None or _client_pid != os.getpid():
         # No cap on connections: a worker's concurrency (WORKER_CONCURRENCY attempts in flight)
         # is the cap, and a request must not wait in the client's queue past its timeouts.
-        _client = httpx.Client(
+        fresh = httpx.Client(
             follow_redirects=False,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
         )
-        _client_pid = os.getpid()
+        # Tracing on: a client span per request, its `traceparent` sent downstream. Before
+        # the client is shared: a thread must never send through it uninstrumented.
+        tracing.instrument_httpx(fresh)
+        _client, _client_pid = fresh, os.getpid()
     return _client
 
 
@@ -62,6 +66,7 @@ def run(route: Route, ctx: ActionContext) -> ActionResult:
             timeout=_timeout(route),
         ),
     )
+    tracing.set_resend_count(ctx.attempt - 1)
     response = client().send(_signed(route, ctx, request))
     error = _error(route, response)
     if error is not None:
