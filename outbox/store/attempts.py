@@ -33,11 +33,12 @@ _COLUMNS = (
 
 def trimmed(inserted: int = 1) -> str:
     """The CTE that keeps the key's newest rows within the bound, counting the `inserted` rows
-    this same statement adds (which its DELETE cannot see)."""
+    this same statement adds (which its DELETE cannot see); only when `logged` added one."""
     return f"""
     trimmed AS (
         DELETE FROM attempts
          WHERE idempotency_key = :key
+           AND EXISTS (SELECT 1 FROM logged)
            AND id < (SELECT id FROM attempts WHERE idempotency_key = :key
                       ORDER BY id DESC OFFSET {KEPT_PER_KEY - inserted - 1} LIMIT 1)
     )"""
@@ -65,6 +66,7 @@ def logged(
                {outcome}, CAST(:reconciled AS boolean), CAST(:status_code AS integer),
                {error_code}, CAST(:log_detail AS text), CAST(:worker AS text)
           FROM {source} {where}
+        RETURNING 1
     ), {trimmed()}"""
 
 
@@ -87,6 +89,7 @@ CLAIMED = f"""
                        CAST(:owner AS text)
                   FROM claimed WHERE actor = 'workflow'
                  ORDER BY 1) AS r
+        RETURNING 1
     ), {trimmed(2)}"""
 
 OF_KEY: TextClause = text(

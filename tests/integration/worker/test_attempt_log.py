@@ -9,6 +9,8 @@ import subprocess
 import sys
 from typing import Any
 
+from outbox.core.settings import Settings
+from outbox.store.engines import create_sync_engine
 from tests.support import (
     AUTH,
     ROOT,
@@ -20,8 +22,10 @@ from tests.support import (
     envelope,
     finished,
     query,
+    seed_pending_key,
     wait_until,
 )
+from worker.store import Claim, KeyStore
 
 # The columns both read paths agree on.
 SHOWN = ("attempt", "outcome", "status_code", "error_code", "fence", "reconciled")
@@ -158,3 +162,39 @@ def test_the_log_keeps_the_newest_50_rows_of_a_key(stack: Stack) -> None:
     assert [a["outcome"] for a in log[-2:]] == ["claimed", "failed"]
     assert log[-1]["attempt"] == 60 and log[0]["attempt"] == 36
     assert query(stack.database_url, "SELECT count(*) FROM attempts") == [(50,)]
+
+
+def test_a_lost_lease_is_logged_by_the_claim_that_takes_the_key_over(own_database: str) -> None:
+    """The stale holder's writes log nothing (the fence refuses them); the reclaim logs its
+    attempt as `lease_lost`, with its fence, worker and claim time, before the new one's."""
+    db = own_database
+    key = seed_pending_key(db, "lost-lease")
+    engine = create_sync_engine(Settings(database_url=db, redis_url="redis://x"))
+    store = KeyStore(engine)
+    try:
+        stale = store.claim(key, "stale-host:1:1", 5)
+        assert isinstance(stale, Claim)
+        query(
+            db,
+            "UPDATE idempotency_keys SET locked_until = now() - interval '1 second'"
+            " WHERE idempotency_key = %s",
+            (key,),
+        )
+        fresh = store.claim(key, "fresh-host:2:2", 5)
+        assert isinstance(fresh, Claim)
+        assert store.succeed(stale, {"status_code": 201}, None) is False
+        assert store.succeed(fresh, {"status_code": 201}, None) is True
+        rows = query(
+            db,
+            "SELECT attempt, fence, outcome, error_code, worker, started_at, status_code"
+            " FROM attempts WHERE idempotency_key = %s ORDER BY id",
+            (key,),
+        )
+        assert [r[:5] for r in rows] == [
+            (1, 1, "lease_lost", "lease_expired", "stale-host:1:1"),
+            (2, 2, "succeeded", None, "fresh-host:2:2"),
+        ]
+        assert rows[0][5] == stale.claimed_at and rows[1][5] == fresh.claimed_at
+        assert rows[1][6] == 201
+    finally:
+        engine.dispose()
