@@ -117,12 +117,12 @@ CLAIM_NEW_KEY: TextClause = text(
     WITH reserved AS (
         INSERT INTO idempotency_keys (
             idempotency_key, actor, status, payload_hash, correlation_id, source, event_type,
-            route, workflow_name, attempts, fence, lease_token, locked_until, expires_at, lane,
-            lane_rank
+            route, workflow_name, attempts, fence, lease_token, lease_owner, locked_until,
+            expires_at, lane, lane_rank
         )
         VALUES (
             :key, 'workflow', 'processing', :payload_hash, :correlation_id, 'claims', 'claim',
-            '(claims)', :workflow, 1, 1, :token,
+            '(claims)', :workflow, 1, 1, :token, :workflow,
             now() + make_interval(secs => :lease_seconds),
             now() + make_interval(secs => :ttl_seconds), :lane, CAST(:lane_rank AS numeric)
         )

@@ -198,3 +198,30 @@ def test_a_lost_lease_is_logged_by_the_claim_that_takes_the_key_over(own_databas
         assert rows[1][6] == 201
     finally:
         engine.dispose()
+
+
+def test_a_workflow_claim_whose_lease_ran_out_is_logged_expired(stack: Stack) -> None:
+    """A claim whose lease ends unanswered: the next claim logs it `expired`, then its own."""
+    first = claim(stack, "wf:log:expired", workflow="slow", lease_seconds=1)
+    assert first.status_code in (200, 201), first.text
+    wait_until(
+        lambda: (
+            query(
+                stack.database_url,
+                "SELECT locked_until < now() FROM idempotency_keys WHERE idempotency_key = %s",
+                ("wf:log:expired",),
+            )
+            == [(True,)]
+        ),
+        timeout=10,
+    )
+    second = claim(stack, "wf:log:expired", workflow="fast")
+    assert second.status_code in (200, 201) and second.json()["reclaimed"] is True, second.text
+    log = _api_log(stack, "wf:log:expired")
+    assert [
+        (a["attempt"], a["outcome"], a["fence"], a["worker"], a["error_code"]) for a in log
+    ] == [
+        (1, "claimed", 1, "slow", None),
+        (1, "expired", 1, "slow", "lease_expired"),
+        (2, "claimed", 2, "fast", None),
+    ]
