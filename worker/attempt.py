@@ -277,6 +277,8 @@ class _Run:
     # Called when the action's thread ends, whenever that is (frees the route's permit).
     release: Callable[[Claim], None] | None = None
     reconciled_absent: bool = False
+    # This attempt reconciled: found the effect (True) or none (False); None: it did not.
+    reconciled: bool | None = None
     thread: threading.Thread | None = field(default=None, repr=False)
 
 
@@ -333,7 +335,7 @@ def _act(
                 heartbeat.give_up("lease_expired_unconfirmed")
     # The action ended: record what it did under the fence, which refuses a lost lease's write.
     if run.result is not None:
-        return Succeeded(run.result)
+        return Succeeded(run.result, run.reconciled)
     assert run.error is not None
     return after_failure(route, claim, classify(run.error), run.reconciled_absent, rng)
 
@@ -348,6 +350,7 @@ def _start(run: _Run, route: Route, ctx: ActionContext, claim: Claim) -> None:
                 found = reconciler(route, ctx)
                 RECONCILED.labels("true" if found is not None else "false").inc()
                 log.info("attempt.reconciled", found=found is not None)
+                run.reconciled = found is not None
                 if found is not None:
                     run.result = found
                     return
@@ -367,13 +370,20 @@ def _start(run: _Run, route: Route, ctx: ActionContext, claim: Claim) -> None:
 
 
 def _failed(failure: Failure, reconciled_absent: bool) -> Failed:
-    return Failed(failure.error_code, failure.detail, failure.uncertain, reconciled_absent)
+    return Failed(
+        failure.error_code,
+        failure.detail,
+        failure.uncertain,
+        reconciled_absent,
+        failure.status_code,
+        failure.transient,
+    )
 
 
 def _record(store: KeyStore, claim: Claim, outcome: Outcome) -> bool:
     match outcome:
-        case Succeeded(result):
-            return store.succeed(claim, result.result, result.external_ref)
+        case Succeeded(result, reconciled):
+            return store.succeed(claim, result.result, result.external_ref, reconciled)
         case RetryLater(failure, delay, absent):
             return store.schedule_retry(claim, delay, _failed(failure, absent))
         case DeadLetter(failure, kind, absent):

@@ -55,7 +55,7 @@ import email.utils
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import httpx
@@ -77,12 +77,21 @@ _MAX_ANSWER_BYTES = 4096
 class ActionError(Exception):
     """Base of the errors an action raises on purpose."""
 
-    def __init__(self, error_code: str, detail: str = "", *, uncertain: bool = False) -> None:
+    def __init__(
+        self,
+        error_code: str,
+        detail: str = "",
+        *,
+        uncertain: bool = False,
+        status_code: int | None = None,
+    ) -> None:
         super().__init__(detail or error_code)
         self.error_code = error_code
         self.detail = detail
         # The effect may exist although the action failed (see the table above).
         self.uncertain = uncertain
+        # The downstream's HTTP status when it answered (the attempt log shows it).
+        self.status_code = status_code
 
 
 class TransientError(ActionError):
@@ -96,8 +105,9 @@ class TransientError(ActionError):
         retry_after: float | None = None,
         uncertain: bool = False,
         window_seconds: float | None = None,
+        status_code: int | None = None,
     ) -> None:
-        super().__init__(error_code, detail, uncertain=uncertain)
+        super().__init__(error_code, detail, uncertain=uncertain, status_code=status_code)
         self.retry_after = retry_after
         # Transient only this long after the key's first failure; past it, permanent.
         self.window_seconds = window_seconds
@@ -108,7 +118,9 @@ class InProgress(ActionError):
     seconds: a wait, not a failure (no attempt spent, nothing told to the breaker)."""
 
     def __init__(self, retry_after: float, detail: str = "") -> None:
-        super().__init__(IN_PROGRESS, detail or "the downstream is running this key")
+        super().__init__(
+            IN_PROGRESS, detail or "the downstream is running this key", status_code=409
+        )
         self.retry_after = retry_after
 
 
@@ -139,6 +151,8 @@ class Failure:
     wait: bool = False
     # Transient only this long after the key's first failure; past it, permanent.
     window_seconds: float | None = None
+    # The downstream's HTTP status, when it answered.
+    status_code: int | None = None
 
     @property
     def at_downstream(self) -> bool:
@@ -149,7 +163,15 @@ class Failure:
 
 
 def classify(error: BaseException) -> Failure:
-    """Turn any exception from an action into a Failure."""
+    """Turn any exception from an action into a Failure (with the downstream's status code
+    when it answered)."""
+    failure = _classified(error)
+    if isinstance(error, ActionError) and error.status_code is not None:
+        return replace(failure, status_code=error.status_code)
+    return failure
+
+
+def _classified(error: BaseException) -> Failure:
     match error:
         case RequestInvalid():
             return Failure(False, error.error_code, error.detail, local=True)
@@ -222,6 +244,7 @@ def error_for_response(
             "n8n answered 404: the workflow's webhook is not registered (being published, "
             "or n8n is starting)",
             window_seconds=n8n_grace_seconds,
+            status_code=404,
         )
     if status in TRANSIENT_STATUS or status >= 500:
         retry_after = parse_retry_after(response.headers.get("retry-after"), now())
@@ -230,8 +253,9 @@ def error_for_response(
             f"downstream answered {status}",
             retry_after=retry_after,
             uncertain=status not in REFUSED_STATUS,
+            status_code=status,
         )
-    return PermanentError(code, f"downstream answered {status}")
+    return PermanentError(code, f"downstream answered {status}", status_code=status)
 
 
 def _small_json(response: httpx.Response) -> object:

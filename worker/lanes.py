@@ -20,7 +20,7 @@ from __future__ import annotations
 from outbox.core.routes import Route
 from outbox.store import lanes as q
 from worker.outcomes import LaneWaiting, LeaseGivenUp, Superseded
-from worker.store import Claim, KeyStore
+from worker.store import Claim, KeyStore, attempt_params
 
 
 def order(
@@ -34,9 +34,8 @@ def order(
     row = store.one(
         q.ADMIT,
         {
-            "key": claim.key,
-            "fence": claim.fence,
-            "token": claim.token,
+            # The lane step's outcome and error code are its decision's (outbox.store.lanes).
+            **attempt_params(claim, "deferred_lane"),
             "ordering": "supersede" if route.versions == "supersede" else "accepted",
             "on_failure": route.lane_on_failure,
             "ttl_seconds": route.ttl_seconds,

@@ -18,6 +18,8 @@ from worker.store import Claim
 @dataclass(frozen=True)
 class Succeeded:
     result: ActionResult
+    # This attempt reconciled first: found the effect (True) or none, then acted (False).
+    reconciled: bool | None = None
 
 
 @dataclass(frozen=True)

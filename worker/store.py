@@ -25,7 +25,7 @@ from sqlalchemy.exc import DataError, DBAPIError
 from outbox.core.logs import get_logger
 from outbox.core.redaction import redact
 from outbox.core.wire import PROCESS_TASK
-from outbox.store import lifecycle
+from outbox.store import attempts, lifecycle
 from outbox.store import routes as route_queries
 from worker.results import storable_ref, storable_result, without_nul
 
@@ -72,6 +72,8 @@ class Claim:
     permit: int | None = None
     # Its lane on a route with `order_by` (worker.lanes), else None.
     lane: str | None = None
+    # Who holds it (host:pid:thread), for the attempt log.
+    owner: str = ""
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,14 @@ class Failed:
     uncertain: bool
     # This attempt's reconcile asked the downstream and found no effect.
     reconciled_absent: bool
+    # What the downstream answered, when it answered (for the attempt log).
+    status_code: int | None = None
+    # Another attempt might help (a dead letter of a spent budget is logged `transient`).
+    transient: bool = True
+
+
+# A deferral's reason -> its class in the attempt log (a pause is decided by DEFER itself).
+_DEFERRED = {"circuit_open": "deferred_circuit", "in_progress": "deferred_in_progress"}
 
 
 class KeyStore:
@@ -155,6 +165,7 @@ class KeyStore:
                     open_until=row["route_open_until"],
                 ),
                 lane=row["lane"],
+                owner=owner,
             )
         state = self.one(
             lifecycle.KEY_STATE, {"key": key, "payload_hash": None, "refused_by": "worker"}
@@ -192,17 +203,24 @@ class KeyStore:
         locked_until: datetime = row["locked_until"]
         return locked_until
 
-    def succeed(self, claim: Claim, result: Any, external_ref: str | None) -> bool:
+    def succeed(
+        self, claim: Claim, result: Any, external_ref: str | None, reconciled: bool | None = None
+    ) -> bool:
         """Record the effect; False when the fence rejected the write.
 
         The effect happened, so the key ends `succeeded` whatever the result is: a value
         that is not JSON, too large, or refused by the database is replaced by what could be
-        kept and a note saying why, and never makes the action run again.
+        kept and a note saying why, and never makes the action run again. `reconciled`: this
+        attempt's reconcile found the effect (True) or found none before acting (False).
         """
+        answered = result.get("status_code") if isinstance(result, dict) else None
         params = {
-            "key": claim.key,
-            "fence": claim.fence,
-            "token": claim.token,
+            **attempt_params(
+                claim,
+                "reconciled_found" if reconciled else "succeeded",
+                reconciled=reconciled,
+                status_code=answered if isinstance(answered, int) else None,
+            ),
             "result": storable_result(result),
             "external_ref": storable_ref(external_ref),
         }
@@ -222,7 +240,9 @@ class KeyStore:
         row = self.one(
             lifecycle.SCHEDULE_RETRY,
             {
-                **self._failure_params(claim, failed),
+                **self._failure_params(
+                    claim, failed, "uncertain" if failed.uncertain else "transient"
+                ),
                 "delay_seconds": delay_seconds,
                 "task_name": PROCESS_TASK,
             },
@@ -245,9 +265,12 @@ class KeyStore:
         row = self.one(
             lifecycle.DEFER,
             {
-                "key": claim.key,
-                "fence": claim.fence,
-                "token": claim.token,
+                **attempt_params(
+                    claim,
+                    _DEFERRED.get(error_code, "deferred_limit"),
+                    error_code=error_code,
+                    detail=detail,
+                ),
                 "route": claim.route,
                 "delay_seconds": delay_seconds,
                 "error_code": error_code,
@@ -261,10 +284,13 @@ class KeyStore:
     def fail_final(self, claim: Claim, kind: str, failed: Failed) -> bool:
         """Mark failed_final (quarantined for a contract failure) and write the dead letter,
         atomically."""
+        outcome = "permanent"
+        if failed.uncertain or (failed.transient and kind == "retries_exhausted"):
+            outcome = "uncertain" if failed.uncertain else "transient"
         row = self.one(
             lifecycle.FAIL_FINAL,
             {
-                **self._failure_params(claim, failed),
+                **self._failure_params(claim, failed, outcome),
                 "kind": kind,
                 "final_status": "quarantined" if kind == "quarantined" else "failed_final",
             },
@@ -272,13 +298,46 @@ class KeyStore:
         return row is not None
 
     @staticmethod
-    def _failure_params(claim: Claim, failed: Failed) -> dict[str, Any]:
+    def _failure_params(claim: Claim, failed: Failed, outcome: str) -> dict[str, Any]:
         return {
-            "key": claim.key,
-            "fence": claim.fence,
-            "token": claim.token,
+            **attempt_params(
+                claim,
+                outcome,
+                reconciled=False if failed.reconciled_absent else None,
+                status_code=failed.status_code,
+                error_code=failed.error_code,
+                detail=failed.detail,
+            ),
             "error_code": failed.error_code,
             "error_detail": without_nul(redact(failed.detail))[:MAX_DETAIL_CHARS],
             "uncertain": failed.uncertain,
             "reconciled_absent": failed.reconciled_absent,
         }
+
+
+def attempt_params(
+    claim: Claim,
+    outcome: str,
+    *,
+    reconciled: bool | None = None,
+    status_code: int | None = None,
+    error_code: str | None = None,
+    detail: str | None = None,
+) -> dict[str, Any]:
+    """The fenced write's own parameters and its attempt row's (`outbox.store.attempts`): the
+    detail bounded and redacted like a dead letter's, only shorter."""
+    return {
+        "key": claim.key,
+        "fence": claim.fence,
+        "token": claim.token,
+        "attempt": claim.attempt,
+        "started_at": claim.claimed_at,
+        "worker": claim.owner or None,
+        "outcome": outcome,
+        "reconciled": reconciled,
+        "status_code": status_code,
+        "log_error_code": error_code,
+        "log_detail": None
+        if detail is None
+        else without_nul(redact(detail))[: attempts.DETAIL_CHARS],
+    }

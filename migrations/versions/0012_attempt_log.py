@@ -33,13 +33,18 @@ def upgrade() -> None:
             fence            bigint,
             started_at       timestamptz NOT NULL,
             ended_at         timestamptz NOT NULL DEFAULT now(),
-            -- succeeded, transient, permanent, uncertain, reconciled_found, reconciled_absent,
-            -- deferred_circuit, deferred_limit, deferred_pause, deferred_lane, superseded,
-            -- lease_lost; for a workflow's key: claimed, completed, failed, expired
-            outcome          text NOT NULL,
+            outcome          text NOT NULL CHECK (outcome IN (
+                'succeeded', 'transient', 'permanent', 'uncertain', 'reconciled_found',
+                'deferred_circuit', 'deferred_limit', 'deferred_pause', 'deferred_lane',
+                'deferred_in_progress', 'superseded', 'lease_lost',
+                -- a workflow's key (the claims API)
+                'claimed', 'completed', 'failed', 'expired')),
+            -- This attempt reconciled first: true found the effect, false found none (the
+            -- action then ran and `outcome` is its own); NULL: no reconcile.
+            reconciled       boolean,
             status_code      integer,
             error_code       text,
-            detail           text,
+            detail           text CHECK (length(detail) <= 500),
             worker           text
         )
         """

@@ -24,8 +24,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from outbox.claims import lanes
 from outbox.core.redaction import redact
+from outbox.store import attempts, lifecycle
 from outbox.store import lanes as lanes_store
-from outbox.store import lifecycle
 
 MAX_DETAIL_CHARS = 2048
 # What a workflow says of the effect when it fails: `none` only when it knows nothing was done.
@@ -164,7 +164,7 @@ async def claim(
                 uncertain=False,
                 previous_error_code=None,
             )
-            return await _lane_step(conn, key, claimed, created, token, ttl_seconds)
+            return await _lane_step(conn, key, claimed, created, token, ttl_seconds, workflow)
         taken = (
             (
                 await conn.execute(
@@ -194,7 +194,7 @@ async def claim(
                 uncertain=taken["uncertain"],
                 previous_error_code=taken["previous_error_code"],
             )
-            return await _lane_step(conn, key, claimed, taken, token, ttl_seconds)
+            return await _lane_step(conn, key, claimed, taken, token, ttl_seconds, workflow)
         state = (
             (
                 await conn.execute(
@@ -227,7 +227,13 @@ async def claim(
 
 
 async def _lane_step(
-    conn: AsyncConnection, key: str, claimed: Claimed, row: Any, token: str, ttl_seconds: float
+    conn: AsyncConnection,
+    key: str,
+    claimed: Claimed,
+    row: Any,
+    token: str,
+    ttl_seconds: float,
+    workflow: str | None,
 ) -> ClaimOutcome:
     """The lane step of a claim just made (lane_admit, migration 0011), as the worker's
     attempt takes it: under the lane's lock, in the one call that decides and writes.
@@ -245,6 +251,7 @@ async def _lane_step(
             await conn.execute(
                 lanes_store.ADMIT,
                 {
+                    **_logged(None, attempt=claimed.attempt, worker=workflow),
                     "key": key,
                     "fence": row["fence"],
                     "token": token,
@@ -319,6 +326,7 @@ async def complete(
         key,
         lease_token,
         {
+            **_logged("completed"),
             "external_ref": external_ref,
             "result": json.dumps(result, ensure_ascii=False, allow_nan=False),
         },
@@ -342,6 +350,7 @@ async def fail(
     answers `uncertain: true` and the workflow looks before acting again.
     """
     params: dict[str, Any] = {
+        **_logged("failed", error_code=error_code, detail=redact(detail)),
         "error_code": error_code,
         "error_detail": redact(detail)[:MAX_DETAIL_CHARS],
         "uncertain": effect == "unknown",
@@ -355,6 +364,28 @@ async def fail(
         params.update(kind="permanent", final_status="failed_final")
     row = await _fenced(engine, statement, key, lease_token, params)
     return row is not None
+
+
+def _logged(
+    outcome: str | None,
+    *,
+    attempt: int | None = None,
+    worker: str | None = None,
+    error_code: str | None = None,
+    detail: str | None = None,
+) -> dict[str, Any]:
+    """The attempt log's parameters (`outbox.store.attempts`): a complete or fail starts at
+    its claim's row, counts as the key's current attempt, and names the claim's workflow."""
+    return {
+        "attempt": attempt,
+        "started_at": None,
+        "worker": worker,
+        "outcome": outcome,
+        "reconciled": None,
+        "status_code": None,
+        "log_error_code": error_code,
+        "log_detail": None if detail is None else detail[: attempts.DETAIL_CHARS],
+    }
 
 
 _NO_PAYLOAD_HASH = "no-payload"

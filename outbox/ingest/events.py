@@ -30,6 +30,7 @@ from outbox.ingest.envelope import Envelope
 from outbox.ingest.fastpath import EVENTS_PATH, read_body
 from outbox.ingest.metrics import EventCounters
 from outbox.ingest.signatures import Signer
+from outbox.store.attempts import attempts_of_async
 
 ENVELOPE_SCHEMA = Envelope.model_json_schema()
 
@@ -138,6 +139,20 @@ def events_router(
             ],
         },
     )
+
+    @router.get(
+        "/v1/events/{key:path}/attempts", responses=problem_responses(401, 403, 404, 429, 503)
+    )
+    async def get_event_attempts(key: str, request: Request) -> JSONResponse:
+        """The key's attempt log, oldest first (the newest 50): when, how long, the outcome,
+        the downstream's status code, the error code and detail, worker and fence. Same access
+        as the key's state. (Registered first: a key's own path may contain slashes.)"""
+        tokens = (settings.claims_token, settings.operator_token)
+        require_token_or_loopback(request, tokens, throttle, "claims")
+        if await database(intake.get_key(engine(), key)) is None:
+            raise Problem(404, "key_not_found", "No event is stored under this key.")
+        found = await database(attempts_of_async(engine(), key))
+        return JSONResponse({"key": key, "attempts": found})
 
     @router.get("/v1/events/{key:path}", responses=problem_responses(401, 403, 404, 422, 429, 503))
     async def get_event(key: str, request: Request) -> JSONResponse:

@@ -11,13 +11,27 @@ from __future__ import annotations
 
 from sqlalchemy import TextClause, text
 
+from outbox.store import attempts
+
 ADMIT: TextClause = text(
-    """
+    f"""
     -- The lane step of an attempt (or of a claim): `go`, `wait` (parked: pending with no
     -- delivery, the attempt given back; the lane's next change hands it on), `superseded`
-    -- (recorded, with the version that superseded it) or `lost` (no longer held).
-    SELECT decision, superseded_by, retry_after
-      FROM lane_admit(:key, :fence, :token, :ordering, :on_failure, :ttl_seconds)
+    -- (recorded, with the version that superseded it) or `lost` (no longer held). A wait and
+    -- a supersede are the attempt's outcome: logged in the same statement.
+    WITH d AS (
+        SELECT decision, superseded_by, retry_after, CAST(:key AS text) AS idempotency_key,
+               CAST(:attempt AS integer) AS attempts
+          FROM lane_admit(:key, :fence, :token, :ordering, :on_failure, :ttl_seconds)
+    ), {
+        attempts.logged(
+            "d",
+            outcome="CASE decision WHEN 'wait' THEN 'deferred_lane' ELSE 'superseded' END",
+            error_code="CASE decision WHEN 'wait' THEN 'lane_waiting' ELSE 'superseded' END",
+            where="WHERE decision IN ('wait', 'superseded')",
+        )
+    }
+    SELECT decision, superseded_by, retry_after FROM d
     """
 )
 

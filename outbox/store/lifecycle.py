@@ -28,6 +28,8 @@ from enum import StrEnum
 
 from sqlalchemy import BindParameter, Numeric, String, TextClause, bindparam, text
 
+from outbox.store import attempts
+
 
 class Status(StrEnum):
     PENDING = "pending"
@@ -115,12 +117,12 @@ CLAIM_NEW_KEY: TextClause = text(
     WITH reserved AS (
         INSERT INTO idempotency_keys (
             idempotency_key, actor, status, payload_hash, correlation_id, source, event_type,
-            route, workflow_name, attempts, fence, lease_token, locked_until, expires_at, lane,
-            lane_rank
+            route, workflow_name, attempts, fence, lease_token, lease_owner, locked_until,
+            expires_at, lane, lane_rank
         )
         VALUES (
             :key, 'workflow', 'processing', :payload_hash, :correlation_id, 'claims', 'claim',
-            '(claims)', :workflow, 1, 1, :token,
+            '(claims)', :workflow, 1, 1, :token, :workflow,
             now() + make_interval(secs => :lease_seconds),
             now() + make_interval(secs => :ttl_seconds), :lane, CAST(:lane_rank AS numeric)
         )
@@ -130,6 +132,9 @@ CLAIM_NEW_KEY: TextClause = text(
         INSERT INTO events (idempotency_key, source, event_type, external_id, version, payload)
         SELECT idempotency_key, 'claims', 'claim', :key, :version, CAST(:payload AS jsonb)
           FROM reserved
+    ), logged AS (
+        INSERT INTO attempts (idempotency_key, attempt, fence, started_at, outcome, worker)
+        SELECT idempotency_key, 1, 1, now(), 'claimed', CAST(:workflow AS text) FROM reserved
     )
     SELECT idempotency_key, correlation_id, locked_until, fence, lane,
            CAST(:version AS text) AS version
@@ -145,13 +150,14 @@ def _any_lane() -> tuple[BindParameter[str], BindParameter[int]]:
 
 
 CLAIM_KEY: TextClause = text(
-    """
+    f"""
     -- Take a key of this actor that nobody holds: pending, a due retry, or processing with an
     -- expired lease (a reclaim: the last holder may have acted, so the key becomes uncertain).
     -- The attempt is counted here, so a holder that dies still spends its budget. The lease
     -- comes from the database clock; the fence goes up and a fresh token is stored, so every
     -- earlier holder's writes are rejected from now on. :payload_hash NULL matches any, and
     -- so do :lane and :lane_rank (a claim naming a lane or version must name the key's own).
+    -- The attempt log gets the previous holder's end on a reclaim, and a workflow's claim.
     WITH claimed AS (
         UPDATE idempotency_keys k
            SET status = 'processing',
@@ -165,7 +171,8 @@ CLAIM_KEY: TextClause = text(
                locked_until = now() + make_interval(secs => :lease_seconds),
                next_attempt_at = NULL,
                updated_at = now()
-          FROM (SELECT status AS previous_status
+          FROM (SELECT status AS previous_status, lease_owner AS previous_owner,
+                       updated_at AS previous_updated_at
                   FROM idempotency_keys
                  WHERE idempotency_key = :key
                    FOR UPDATE) previous
@@ -181,8 +188,9 @@ CLAIM_KEY: TextClause = text(
         RETURNING k.idempotency_key, k.fence, k.attempts, k.correlation_id, k.route,
                   k.event_type, k.source, k.locked_until, k.first_failed_at, k.uncertain,
                   now() AS claimed_at, previous.previous_status,
-                  k.error_code AS previous_error_code, k.lane
-    )
+                  k.error_code AS previous_error_code, k.lane, k.actor,
+                  previous.previous_owner, previous.previous_updated_at
+    ), {attempts.CLAIMED}
     SELECT c.*, e.external_id, e.version, e.payload, r.paused AS route_paused,
            r.circuit AS route_circuit, r.open_until AS route_open_until
       FROM claimed c JOIN events e USING (idempotency_key)
@@ -226,24 +234,30 @@ RENEW_LEASE: TextClause = text(
 )
 
 SUCCEED: TextClause = text(
-    """
-    -- The effect happened: store the result under the fence; the key is no longer uncertain.
-    UPDATE idempotency_keys
-       SET status = 'succeeded', result = CAST(:result AS jsonb), external_ref = :external_ref,
-           error_code = NULL, error_detail = NULL, uncertain = false, lease_token = NULL,
-           lease_owner = NULL, locked_until = NULL, updated_at = now()
-     WHERE idempotency_key = :key AND fence = :fence AND lease_token = :token
-       AND status = 'processing'
-    RETURNING attempts, correlation_id
+    f"""
+    -- The effect happened: store the result under the fence, and the attempt in the log; the
+    -- key is no longer uncertain.
+    WITH done AS (
+        UPDATE idempotency_keys
+           SET status = 'succeeded', result = CAST(:result AS jsonb),
+               external_ref = :external_ref, error_code = NULL, error_detail = NULL,
+               uncertain = false, lease_token = NULL, lease_owner = NULL, locked_until = NULL,
+               updated_at = now()
+         WHERE idempotency_key = :key AND fence = :fence AND lease_token = :token
+           AND status = 'processing'
+        RETURNING idempotency_key, attempts, correlation_id
+    ), {attempts.logged("done")}
+    SELECT attempts, correlation_id FROM done
     """
 )
 
 SCHEDULE_RETRY: TextClause = text(
-    """
+    f"""
     -- A transient failure, under the fence. Uncertainty is kept unless this attempt's
     -- reconcile found no effect, and added when this outcome is itself uncertain. A worker key
     -- gets the outbox row that brings it back when due, in the same statement (the retry waits
-    -- in the database, not in the broker); a workflow key is claimable again at once.
+    -- in the database, not in the broker); a workflow key is claimable again at once. The
+    -- attempt goes to the log in the same statement.
     WITH failed AS (
         UPDATE idempotency_keys
            SET status = 'failed_retryable', error_code = :error_code,
@@ -255,21 +269,22 @@ SCHEDULE_RETRY: TextClause = text(
                updated_at = now()
          WHERE idempotency_key = :key AND fence = :fence AND lease_token = :token
            AND status = 'processing'
-        RETURNING idempotency_key, actor, correlation_id, next_attempt_at
+        RETURNING idempotency_key, actor, correlation_id, next_attempt_at, attempts
     ), queued AS (
         INSERT INTO outbox (idempotency_key, task_name, correlation_id, available_at)
         SELECT idempotency_key, :task_name, correlation_id, next_attempt_at
           FROM failed WHERE actor = 'worker'
-    )
+    ), {attempts.logged("failed")}
     SELECT correlation_id, next_attempt_at FROM failed
     """
 )
 
 FAIL_FINAL: TextClause = text(
-    """
+    f"""
     -- A permanent failure, a spent budget or a broken contract (:final_status failed_final or
     -- quarantined): the fenced status change and the dead letter an operator will see are one
-    -- statement. Uncertainty follows the same rule as a retry; a replay reads it.
+    -- statement, with the attempt's row in the log. Uncertainty follows the same rule as a
+    -- retry; a replay reads it.
     WITH failed AS (
         UPDATE idempotency_keys
            SET status = :final_status, error_code = :error_code, error_detail = :error_detail,
@@ -286,13 +301,21 @@ FAIL_FINAL: TextClause = text(
         SELECT idempotency_key, :kind, :error_code, :error_detail, attempts, first_failed_at,
                now()
           FROM failed
-    )
+    ), {attempts.logged("failed")}
     SELECT correlation_id FROM failed
     """
 )
 
+# A paused route's key is logged as deferred by the pause, whatever reason the worker gave.
+_DEFER_LOGGED = attempts.logged(
+    "deferred",
+    outcome="CASE WHEN status = 'pending' THEN 'deferred_pause' ELSE CAST(:outcome AS text) END",
+    error_code="CASE WHEN status = 'pending' THEN 'route_paused'"
+    " ELSE CAST(:log_error_code AS text) END",
+)
+
 DEFER: TextClause = text(
-    """
+    f"""
     -- Give a claim back unspent, under the fence: its route cannot take it now (paused, circuit
     -- open, over its rate or in-flight limit, or a probe the downstream refused). The attempt
     -- the claim counted is returned. A paused route's key waits as pending with no delivery
@@ -300,7 +323,8 @@ DEFER: TextClause = text(
     -- :delay_seconds. The route row is read FOR SHARE, so a concurrent resume either finds this
     -- key pending or this statement finds the route resumed: no key is left without a way on.
     -- A wait the downstream asked for (:starts_budget: "in progress, ask again") starts the
-    -- key's retry deadline like a failure would, so such waits end within the deadline.
+    -- key's retry deadline like a failure would, so such waits end within the deadline. The
+    -- log gets the attempt as deferred by the pause, or by the reason given.
     WITH route AS (
         SELECT paused FROM route_state WHERE route = :route FOR SHARE
     ), held AS (
@@ -321,12 +345,13 @@ DEFER: TextClause = text(
           FROM held
          WHERE k.idempotency_key = :key AND k.fence = :fence AND k.lease_token = :token
            AND k.status = 'processing'
-        RETURNING k.idempotency_key, k.actor, k.correlation_id, k.status, k.next_attempt_at
+        RETURNING k.idempotency_key, k.actor, k.correlation_id, k.status, k.next_attempt_at,
+                  k.attempts
     ), queued AS (
         INSERT INTO outbox (idempotency_key, task_name, correlation_id, available_at)
         SELECT idempotency_key, :task_name, correlation_id, next_attempt_at
           FROM deferred WHERE actor = 'worker' AND status = 'failed_retryable'
-    )
+    ), {_DEFER_LOGGED}
     SELECT status, next_attempt_at FROM deferred
     """
 )

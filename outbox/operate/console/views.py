@@ -46,6 +46,7 @@ from outbox.operate.console.pages import (
 from outbox.operate.console.replays import OPERATOR, add_replay_routes
 from outbox.operate.console.session import Session
 from outbox.store import operate as oq
+from outbox.store.attempts import attempts_of
 from outbox.store.ingest import GET_KEY
 
 log = get_logger(__name__)
@@ -77,6 +78,7 @@ def lookup_key(engine: Engine, key: str) -> dict[str, Any] | None:
     found = dict(row)
     found["result"] = mask_secrets(found["result"])
     found["history"] = [dict(h) for h in history]
+    found["attempt_log"] = attempts_of(engine, key)
     return found
 
 
@@ -198,6 +200,8 @@ def console_router(
         found = None
         if number is not None:
             found = await run_in_threadpool(deadletters.get_dead_letter, engine(), number)
+        if found is not None:
+            found["attempt_log"] = await run_in_threadpool(attempts_of, engine(), found["key"])
         if found is None:
             return message_page(
                 request, 404, "Not found", "No dead letter has this id.", session=session
