@@ -273,7 +273,8 @@ def test_an_attempt_after_a_sweepers_redrive_joins_the_events_trace(
     ) == [(2,)]
 
 
-@pytest.mark.parametrize("pool", ["threads", "prefork"])
+# The default pool in `make test`; prefork (its outcome crosses a pipe) in `make test-slow`.
+@pytest.mark.parametrize("pool", ["threads", pytest.param("prefork", marks=pytest.mark.slow)])
 def test_every_process_sends_its_spans_when_it_stops(
     traced: Stack, collector: Collector, downstream: Downstream, pool: str
 ) -> None:

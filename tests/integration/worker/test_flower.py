@@ -123,7 +123,8 @@ def test_flower_sees_the_worker_and_a_finished_task_without_the_payload(
     assert anonymous.status_code == 401
 
 
-@pytest.mark.parametrize("pool", ["threads", "prefork"])
+# The default pool in `make test`; prefork (its outcome crosses a pipe) in `make test-slow`.
+@pytest.mark.parametrize("pool", ["threads", pytest.param("prefork", marks=pytest.mark.slow)])
 def test_flower_shows_a_retry_as_retry_and_a_dead_letter_as_failure_with_their_codes(
     own_database: str, routes_file: Path, downstream: Downstream, tmp_path: Path, pool: str
 ) -> None:
