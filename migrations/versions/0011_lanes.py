@@ -166,10 +166,12 @@ BEGIN
        AND (o.status = 'processing'
             OR (o.status = 'failed_retryable' AND o.uncertain AND o.actor = 'worker'))
     HAVING count(*) > 0;
+    -- (An older key counts whether it waits or runs: it may have been claimed since the
+    -- look above, which took its own snapshot; claims do not take the lane's lock.)
     IF v_wait IS NULL AND p_ordering = 'accepted' AND EXISTS (
         SELECT 1 FROM idempotency_keys o
          WHERE o.route = k.route AND o.lane = k.lane AND o.lane_rank < k.lane_rank
-           AND (o.status IN ('pending', 'failed_retryable')
+           AND (o.status IN ('pending', 'processing', 'failed_retryable')
                 OR (p_on_failure = 'block' AND o.status IN ('failed_final', 'quarantined')
                     AND EXISTS (SELECT 1 FROM dead_letters d
                                  WHERE d.idempotency_key = o.idempotency_key
@@ -187,6 +189,9 @@ BEGIN
                lease_token = NULL, lease_owner = NULL, locked_until = NULL,
                next_attempt_at = NULL, updated_at = now()
          WHERE idempotency_key = p_key;
+        -- An older key may have parked behind this one while it was claimed (each saw the
+        -- other running): with this one parked, the lane may be free for the oldest.
+        PERFORM lane_wake(k.route, k.lane);
         RETURN QUERY SELECT 'wait'::text, NULL::text, v_wait;
         RETURN;
     END IF;

@@ -150,3 +150,28 @@ def test_a_lane_with_100000_parked_updates_is_handed_on_in_bounded_steps(
     assert query(
         db, "SELECT status, superseded_by, count(*) FROM idempotency_keys GROUP BY 1, 2 ORDER BY 1"
     ) == [("pending", None, 99_000), ("superseded", "100000", 1_000)]
+
+
+def test_two_keys_claimed_at_once_never_both_wait(own_database: str, engine: Engine) -> None:
+    """The older and the newer key of a lane are claimed together; the older's lane step runs
+    first, sees the newer running and parks; the newer's then sees the older waiting and parks
+    too. Parking, it hands the lane to the older (the oldest parked key, nothing running), so
+    the lane never stalls until the sweeper's grace period, and the newer never goes first."""
+    db = own_database
+    older = seed_lane_key(db, "both-1", "processing", lane="pair", rank=1)
+    newer = seed_lane_key(db, "both-2", "processing", lane="pair", rank=2)
+    query(
+        db,
+        "UPDATE idempotency_keys SET fence = 1, lease_token = 't-' || lane_rank,"
+        " locked_until = now() + interval '30 seconds' WHERE lane = 'pair'",
+    )
+    decide = text("SELECT decision FROM lane_admit(:key, 1, :token, 'accepted', 'block', 3600)")
+    with engine.begin() as conn:
+        first = conn.execute(decide, {"key": older, "token": "t-1"}).scalar_one()
+    with engine.begin() as conn:
+        second = conn.execute(decide, {"key": newer, "token": "t-2"}).scalar_one()
+    assert (first, second) == ("wait", "wait")
+    assert _queued(db) == [older]
+    assert query(
+        db, "SELECT idempotency_key, error_code FROM idempotency_keys ORDER BY lane_rank"
+    ) == [(older, "lane_released"), (newer, "lane_waiting")]
