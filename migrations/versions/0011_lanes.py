@@ -158,8 +158,10 @@ BEGIN
     -- retry is scheduled; a workflow that failed a claim may never come back, so its key does
     -- not hold the lane); or, in acceptance order, an older key has not finished or holds the
     -- lane with a dead letter.
+    -- (Measured from the clock, not the transaction's start: a lease taken after this
+    -- transaction began would otherwise look longer than it is.)
     SELECT GREATEST(1, CEIL(EXTRACT(EPOCH FROM
-               max(COALESCE(o.locked_until, o.next_attempt_at)) - now())))::integer
+               max(COALESCE(o.locked_until, o.next_attempt_at)) - clock_timestamp())))::integer
       INTO v_wait
       FROM idempotency_keys o
      WHERE o.route = k.route AND o.lane = k.lane AND o.idempotency_key <> p_key
