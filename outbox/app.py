@@ -170,7 +170,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
     post_event = event_ingest(settings, routes, signers, lambda: state["engine"], database, metrics)
     app.ingest = post_event
     app.include_router(
-        events_router(post_event, settings, lambda: state["engine"], database, throttle)
+        events_router(post_event, settings, routes, lambda: state["engine"], database, throttle)
     )
 
     @app.get("/healthz")

@@ -22,7 +22,7 @@ from outbox.core.logs import get_logger
 from outbox.core.settings import dev_env_file, get_settings
 from outbox.maintenance.commands import purge_command
 from outbox.operate.attempts import show_command
-from outbox.operate.commands import dlq_app, replay_command
+from outbox.operate.commands import deliver_command, dlq_app, replay_command
 from outbox.operate.watch import routes_app, stats_command, stuck_command
 from outbox.terminal import fail, load_settings
 
@@ -342,6 +342,7 @@ def demo() -> None:
 # The contexts' commands: operators' (outbox/operate/), the purge (outbox/maintenance/).
 app.add_typer(dlq_app, name="dlq")
 app.command("replay")(replay_command)
+app.command("deliver")(deliver_command)
 app.command("show")(show_command)
 app.command("stuck")(stuck_command)
 app.command("purge")(purge_command)

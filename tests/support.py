@@ -337,6 +337,10 @@ SIGNING_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 SIGNING_SECRET_NEXT = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 
 
+# The `billing` route's destinations, and one no route names yet (a backfill's target).
+FAN_OUT_DESTINATIONS = ("books", "finance-flow", "notify", "archive")
+
+
 def write_routes(path: Path, downstream_url: str) -> Path:
     path.write_text(
         f"""
@@ -481,10 +485,37 @@ connect_timeout_seconds = 1
 sources = ["shopify"]
 
 [[routes]]
+match = "billing.*"
+name = "billing"
+fan_out = ["books", "finance-flow", "notify"]
+
+[[routes]]
+match = "charge.*"
+name = "stripe-charges"
+sources = ["stripe"]
+fan_out = ["books", "notify"]
+
+[[routes]]
 match = "*"
 name = "default"
 action = "noop"
 """
+        + "".join(
+            f"""
+[[destinations]]
+name = "{name}"
+action = "http"
+url = "{downstream_url}/{name}/tasks"
+external_ref_pointer = "/id"
+reconcile_url = "{downstream_url}/{name}/tasks/by-key/{{key}}"
+read_timeout_seconds = 1
+connect_timeout_seconds = 1
+backoff_base_seconds = 0.2
+backoff_cap_seconds = 1
+max_attempts = {20 if name == "notify" else 4}
+"""
+            for name in FAN_OUT_DESTINATIONS
+        )
         + "".join(
             f'\n[[sources]]\nname = "{name}"\nscheme = "{scheme}"\nsecrets = ["{secret}"]\n'
             for name, (scheme, secret) in PROVIDER_SECRETS.items()

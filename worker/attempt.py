@@ -40,7 +40,7 @@ import structlog
 
 from outbox.core import contract, keys, tracing
 from outbox.core.logs import get_logger
-from outbox.core.routes import Route, RouteTable
+from outbox.core.routes import ActionSettings, RouteTable
 from worker.actions import ActionContext, ActionResult, get_action, get_reconciler
 from worker.errors import Failure, classify
 from worker.guard import Admitted, Held, RouteGuard
@@ -63,7 +63,7 @@ from worker.task_state import Finished
 
 log = get_logger(__name__)
 
-# An action's time limit when its route sets none, in leases (see Route.timeout_seconds).
+# An action's time limit when its route sets none, in leases (see ActionSettings.timeout_seconds).
 DEFAULT_TIMEOUT_LEASES = 3
 
 
@@ -284,7 +284,7 @@ class _Run:
 
 def _act(
     store: KeyStore,
-    route: Route,
+    route: ActionSettings,
     claim: Claim,
     lease_seconds: float,
     limit: float,
@@ -340,7 +340,7 @@ def _act(
     return after_failure(route, claim, classify(run.error), run.reconciled_absent, rng)
 
 
-def _start(run: _Run, route: Route, ctx: ActionContext, claim: Claim) -> None:
+def _start(run: _Run, route: ActionSettings, ctx: ActionContext, claim: Claim) -> None:
     """Reconcile (when uncertain) then act, in a thread of its own with the task's context."""
     reconciler = get_reconciler(route) if ctx.uncertain else None
 

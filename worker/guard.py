@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import RowMapping
 
+from outbox.core.actions import ActionSettings
 from outbox.core.logs import get_logger
-from outbox.core.routes import Route
 from outbox.store import routes as q
 from worker.errors import Failure
 from worker.instruments import BREAKER_ERRORS, THROTTLED
@@ -100,7 +100,7 @@ class RouteGuard:
         self._tallies: dict[str, _Tally] = {}
         self._releasing: set[str] = set()
 
-    def _ensure(self, route: Route) -> None:
+    def _ensure(self, route: ActionSettings) -> None:
         """The route's state row and permit slots exist (once per process and route)."""
         if route.label in self._ensured:
             return
@@ -111,7 +111,7 @@ class RouteGuard:
             self._ensured.add(route.label)
 
     def admit(
-        self, route: Route, claim: Claim, probe_seconds: float, rng: random.Random
+        self, route: ActionSettings, claim: Claim, probe_seconds: float, rng: random.Random
     ) -> Admitted | Held:
         """Decide for a claimed key; may wait briefly (a rate slot, a permit)."""
         self._ensure(route)
@@ -150,7 +150,7 @@ class RouteGuard:
                 return self._held(route, "in_flight_limit", wait, detail)
         return Admitted(permit, trial)
 
-    def _rate(self, route: Route, claim: Claim) -> Held | None:
+    def _rate(self, route: ActionSettings, claim: Claim) -> Held | None:
         """Book a send slot unless the key comes back to the one it booked; wait for a near one."""
         if claim.previous_error_code == RATE_LIMITED:
             return None  # it was given back until its slot: the slot is now
@@ -166,7 +166,7 @@ class RouteGuard:
             time.sleep(wait)
         return None
 
-    def _permit(self, route: Route, claim: Claim) -> int | None:
+    def _permit(self, route: ActionSettings, claim: Claim) -> int | None:
         params = {
             "route": route.label,
             "key": claim.key,
@@ -185,7 +185,7 @@ class RouteGuard:
             time.sleep(PERMIT_POLL_SECONDS)
 
     @staticmethod
-    def _held(route: Route, reason: str, delay: float, detail: str) -> Held:
+    def _held(route: ActionSettings, reason: str, delay: float, detail: str) -> Held:
         THROTTLED.labels(route.label, reason).inc()
         return Held(reason, max(0.0, delay), detail)
 
@@ -199,7 +199,9 @@ class RouteGuard:
         except Exception as error:  # the slot frees itself when the lease would have ended
             log.warning("route.permit_release_failed", error=type(error).__name__)
 
-    def tell(self, route: Route, claim: Claim, failure: Failure | None, trial: bool) -> None:
+    def tell(
+        self, route: ActionSettings, claim: Claim, failure: Failure | None, trial: bool
+    ) -> None:
         """After the outcome is recorded: tell the route's breaker that the downstream answered
         (`failure` None) or failed transiently. Never raises: the outcome stands either way."""
         try:
@@ -211,7 +213,7 @@ class RouteGuard:
             BREAKER_ERRORS.labels(route.label).inc()
             log.warning("route.tell_failed", route=route.label, error=type(error).__name__)
 
-    def _take_tally(self, route: Route, due: bool) -> int | None:
+    def _take_tally(self, route: ActionSettings, due: bool) -> int | None:
         """The successes to send now (all of them, when `due` is False only if a second has
         passed since the last send); None when it is not time. Successes older than the window
         are dropped: they no longer say anything about the route."""
@@ -225,14 +227,14 @@ class RouteGuard:
             taken, tally.successes, tally.sent_at = tally.successes, 0, now
             return taken
 
-    def _count_success(self, route: Route) -> None:
+    def _count_success(self, route: ActionSettings) -> None:
         with self._lock:
             tally = self._tallies.setdefault(route.label, _Tally())
             if tally.successes == 0:
                 tally.since = time.monotonic()
             tally.successes += 1
 
-    def _answered(self, route: Route, claim: Claim, trial: bool) -> None:
+    def _answered(self, route: ActionSettings, claim: Claim, trial: bool) -> None:
         if not trial:
             self._count_success(route)
             successes = self._take_tally(route, due=False)
@@ -245,7 +247,7 @@ class RouteGuard:
             log.info("route.circuit_closed", route=route.label, reason="trial_succeeded")
             self._release_in_background(route)
 
-    def _failed(self, route: Route, claim: Claim, failure: Failure, trial: bool) -> None:
+    def _failed(self, route: ActionSettings, claim: Claim, failure: Failure, trial: bool) -> None:
         retry_after = failure.retry_after
         opens_now = retry_after is not None and retry_after > route.backoff_cap_seconds
         if trial:
@@ -271,7 +273,7 @@ class RouteGuard:
 
     def _calls(
         self,
-        route: Route,
+        route: ActionSettings,
         claim: Claim,
         successes: int,
         failure: Failure | None,
@@ -299,7 +301,7 @@ class RouteGuard:
             },
         )
 
-    def _release_in_background(self, route: Route) -> None:
+    def _release_in_background(self, route: ActionSettings) -> None:
         """Make the keys the circuit held due now, off the attempt's thread: the attempt is
         over, and a release of many keys must not hold a worker."""
         with self._lock:

@@ -17,14 +17,14 @@ It runs before the guard, so a key waiting for its lane takes no rate slot, perm
 
 from __future__ import annotations
 
-from outbox.core.routes import Route
+from outbox.core.actions import ActionSettings
 from outbox.store import lanes as q
 from worker.outcomes import LaneWaiting, LeaseGivenUp, Superseded
 from worker.store import Claim, KeyStore, attempt_params
 
 
 def order(
-    store: KeyStore, route: Route, claim: Claim
+    store: KeyStore, route: ActionSettings, claim: Claim
 ) -> LaneWaiting | Superseded | LeaseGivenUp | None:
     """None when the key may act now (or is in no lane); else what the lane step recorded."""
     if claim.lane is None or route.order_by is None:
@@ -38,7 +38,7 @@ def order(
             **attempt_params(claim, "deferred_lane"),
             "ordering": "supersede" if route.versions == "supersede" else "accepted",
             "on_failure": route.lane_on_failure,
-            "ttl_seconds": route.ttl_seconds,
+            "ttl_seconds": route.lane_ttl_seconds,
         },
     )
     decision = None if row is None else row["decision"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 
-from outbox.core.routes import Route
+from outbox.core.actions import ActionSettings
 from worker.actions import ActionResult
 from worker.backoff import next_delay
 from worker.errors import Failure
@@ -76,7 +76,11 @@ Outcome = Succeeded | RetryLater | DeadLetter | LeaseGivenUp | Deferred | LaneWa
 
 
 def after_failure(
-    route: Route, claim: Claim, failure: Failure, reconciled_absent: bool, rng: random.Random
+    route: ActionSettings,
+    claim: Claim,
+    failure: Failure,
+    reconciled_absent: bool,
+    rng: random.Random,
 ) -> Outcome:
     """Retry later within the budget and deadline, wait (spending nothing) when the downstream
     runs the key already, or dead-letter."""

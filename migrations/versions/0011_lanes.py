@@ -47,6 +47,15 @@ _STATUSES = (
 # Keys of a lane that still hold its order (not finished): the gate's and the wake's look.
 _LIVE = "('pending', 'processing', 'failed_retryable')"
 
+# The version an event of a key was sent with (supersede compares ranks; operators read this).
+# A function, so the way from a key to its event is written once (fan-out's deliveries share
+# their event: migration 0015 follows them).
+_KEY_VERSION = """
+CREATE FUNCTION key_version(p_key text) RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT version FROM events WHERE idempotency_key = p_key
+$$
+"""
+
 _SUPERSEDE_OLDER = """
 CREATE FUNCTION lane_supersede_older(
     p_route text, p_lane text, p_rank numeric, p_version text, p_blocking boolean
@@ -101,8 +110,9 @@ DECLARE
     v_wait integer;
 BEGIN
     -- The key, still held by this caller (its row first: the lock order of every path).
-    SELECT i.idempotency_key, i.route, i.lane, i.lane_rank, i.uncertain, e.version INTO k
-      FROM idempotency_keys i JOIN events e USING (idempotency_key)
+    SELECT i.idempotency_key, i.route, i.lane, i.lane_rank, i.uncertain,
+           key_version(i.idempotency_key) AS version INTO k
+      FROM idempotency_keys i
      WHERE i.idempotency_key = p_key AND i.fence = p_fence AND i.lease_token = p_token
        AND i.status = 'processing'
        FOR UPDATE OF i;
@@ -127,8 +137,8 @@ BEGIN
         IF ln.applied_rank IS NOT NULL AND ln.applied_rank >= k.lane_rank THEN
             v_newer := ln.applied_version;
         ELSIF NOT k.uncertain THEN
-            SELECT e.version INTO v_newer
-              FROM idempotency_keys o JOIN events e USING (idempotency_key)
+            SELECT key_version(o.idempotency_key) INTO v_newer
+              FROM idempotency_keys o
              WHERE o.route = k.route AND o.lane = k.lane AND o.lane_rank > k.lane_rank
                AND (o.status IN {_LIVE}
                     OR (p_on_failure = 'block' AND o.status IN ('failed_final', 'quarantined')
@@ -230,16 +240,18 @@ BEGIN
     -- Two statements, each walking the lane index in its own direction: the first parked key
     -- is found at once however many wait.
     IF ln.ordering = 'supersede' THEN
-        SELECT k.idempotency_key, k.lane_rank, k.correlation_id, e.version INTO nxt
-          FROM idempotency_keys k JOIN events e USING (idempotency_key)
+        SELECT k.idempotency_key, k.lane_rank, k.correlation_id,
+               key_version(k.idempotency_key) AS version INTO nxt
+          FROM idempotency_keys k
          WHERE k.route = p_route AND k.lane = p_lane AND k.status = 'pending'
            AND k.error_code = 'lane_waiting' AND k.actor = 'worker'
          ORDER BY k.lane_rank DESC
          LIMIT 1
            FOR UPDATE OF k SKIP LOCKED;
     ELSE
-        SELECT k.idempotency_key, k.lane_rank, k.correlation_id, e.version INTO nxt
-          FROM idempotency_keys k JOIN events e USING (idempotency_key)
+        SELECT k.idempotency_key, k.lane_rank, k.correlation_id,
+               key_version(k.idempotency_key) AS version INTO nxt
+          FROM idempotency_keys k
          WHERE k.route = p_route AND k.lane = p_lane AND k.status = 'pending'
            AND k.error_code = 'lane_waiting' AND k.actor = 'worker'
          ORDER BY k.lane_rank
@@ -284,8 +296,7 @@ BEGIN
     IF NEW.status = 'succeeded' THEN
         UPDATE lanes l
            SET applied_rank = NEW.lane_rank,
-               applied_version = (SELECT version FROM events
-                                   WHERE idempotency_key = NEW.idempotency_key),
+               applied_version = key_version(NEW.idempotency_key),
                applied_key = NEW.idempotency_key,
                expires_at = GREATEST(l.expires_at, NEW.expires_at), updated_at = now()
          WHERE l.route = NEW.route AND l.lane = NEW.lane AND l.ordering = 'supersede'
@@ -379,6 +390,7 @@ def upgrade() -> None:
         "CREATE INDEX idempotency_keys_lane_parked_idx ON idempotency_keys (updated_at)"
         " WHERE status = 'pending' AND error_code = 'lane_waiting'"
     )
+    op.execute(_KEY_VERSION)
     op.execute(_SUPERSEDE_OLDER)
     op.execute(_ADMIT)
     op.execute(_WAKE)
@@ -414,6 +426,7 @@ def downgrade() -> None:
     op.execute("DROP FUNCTION lane_wake(text, text)")
     op.execute("DROP FUNCTION lane_admit(text, bigint, text, text, text, float8)")
     op.execute("DROP FUNCTION lane_supersede_older(text, text, numeric, text, boolean)")
+    op.execute("DROP FUNCTION key_version(text)")
     op.execute("DROP INDEX idempotency_keys_lane_parked_idx")
     op.execute("DROP INDEX idempotency_keys_superseded_idx")
     op.execute("DROP INDEX idempotency_keys_lane_keys_idx")

@@ -212,12 +212,28 @@ def validate_client_key(key: str) -> str:
     return stripped
 
 
+DELIVERY_SEPARATOR = " @"
+"""Between an event's key and a destination's name in a delivery's key. A space is in no
+event's or workflow's key (visible ASCII only), so no key can pose as a delivery's."""
+
+
+def delivery_key(event_key: str, destination: str) -> str:
+    """The key of an event's delivery to one destination: stable (the same event and
+    destination give it again, so a repeat finds it and the downstream's `Idempotency-Key`
+    never changes), distinct per destination, and never another event's key."""
+    return f"{event_key}{DELIVERY_SEPARATOR}{destination}"
+
+
 def mask_key(key: str) -> str:
     """A key fit for logs: never the full key, at most the PII-free prefixes of a derived key.
 
     ``src:type:<first 8 of digest>…`` for a derived key; ``abcd…wxyz`` for another key longer
-    than 12 characters; ``…yz`` for a shorter one.
+    than 12 characters; ``…yz`` for a shorter one; a delivery's key masks its event's and keeps
+    its destination's name.
     """
+    event_key, separator, destination = key.rpartition(DELIVERY_SEPARATOR)
+    if separator and event_key:
+        return f"{mask_key(event_key)}{DELIVERY_SEPARATOR}{destination}"
     derived = _DERIVED_KEY.fullmatch(key)
     if derived is not None:
         return f"{derived[1]}:{derived[2]}:{derived[3][:8]}{_ELLIPSIS}"

@@ -4,13 +4,14 @@ reused with another payload. One log line and one metric per request."""
 
 from __future__ import annotations
 
-from typing import assert_never
+from typing import Any, assert_never
 
 from fastapi.responses import JSONResponse
 
-from outbox.core import keys
+from outbox.core import fanout, keys
 from outbox.core.logs import get_logger
 from outbox.core.problems import Problem
+from outbox.core.timewindow import iso
 from outbox.ingest import intake
 from outbox.ingest.metrics import EventCounters
 from outbox.store.lifecycle import TERMINAL
@@ -47,18 +48,26 @@ def respond(
                 )
             else:
                 metrics.accepted.labels(metrics.event_type_label(event_type)).inc()
-                bound.info("event.accepted", transition="-> pending", route=event.route)
-            return JSONResponse(
-                {
-                    "key": key,
-                    "status": outcome.status,
-                    "duplicate": False,
-                    "correlation_id": outcome.correlation_id,
-                    "event_type": event_type,
-                    "created_at": outcome.created_at.isoformat(),
-                },
-                status_code=202,
-            )
+                bound.info(
+                    "event.accepted",
+                    transition=f"-> {outcome.status}",
+                    route=event.route,
+                    **({"deliveries": len(event.deliveries)} if event.deliveries else {}),
+                )
+            accepted: dict[str, Any] = {
+                "key": key,
+                "status": "pending" if outcome.status == "fanned_out" else outcome.status,
+                "duplicate": False,
+                "correlation_id": outcome.correlation_id,
+                "event_type": event_type,
+                "created_at": outcome.created_at.isoformat(),
+            }
+            if outcome.status == "fanned_out":
+                accepted["deliveries"] = [
+                    {"destination": d.destination, "key": d.key, "status": "pending"}
+                    for d in event.deliveries
+                ]
+            return JSONResponse(accepted, status_code=202)
         case intake.Repeated():
             metrics.duplicates.inc()
             bound.info(
@@ -67,7 +76,9 @@ def respond(
                 original_correlation_id=outcome.correlation_id,
             )
             finished = outcome.status in TERMINAL_STATUSES
-            answer = {
+            if outcome.deliveries:
+                finished = outcome.status in fanout.FINISHED
+            answer: dict[str, Any] = {
                 "key": key,
                 "status": outcome.status,
                 "duplicate": True,
@@ -81,6 +92,9 @@ def respond(
             if outcome.status == "superseded":
                 # Never acted on: the caller learns which version of its lane won instead.
                 answer["superseded_by"] = outcome.superseded_by
+            if outcome.deliveries:
+                # Each destination's own answer: a caller sees which had the effect.
+                answer["deliveries"] = [delivery_view(d) for d in outcome.deliveries]
             return JSONResponse(
                 answer,
                 status_code=repeat_status or (200 if finished else 202),
@@ -97,3 +111,22 @@ def respond(
             )
         case _:
             assert_never(outcome)
+
+
+def delivery_view(row: dict[str, Any]) -> dict[str, Any]:
+    """One delivery as callers see it (a duplicate's answer, `GET /v1/events/{key}`)."""
+    view = {
+        "destination": row["destination"],
+        "key": row["key"],
+        "status": row["status"],
+        "attempts": row["attempts"],
+        "result": row["result"],
+        "external_ref": row["external_ref"],
+        "error_code": row["error_code"],
+        "uncertain": row["uncertain"],
+        "updated_at": iso(row["updated_at"]),
+        "next_attempt_at": iso(row["next_attempt_at"]),
+    }
+    if row["status"] == "superseded":
+        view["superseded_by"] = row["superseded_by"]
+    return view

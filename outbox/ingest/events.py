@@ -24,8 +24,8 @@ from outbox.core.problems import Problem, field_errors, json_response, problem_r
 from outbox.core.routes import RouteTable
 from outbox.core.settings import Settings
 from outbox.core.timewindow import iso
-from outbox.ingest import admission, intake, lanes
-from outbox.ingest.answers import respond
+from outbox.ingest import admission, fanout, intake, lanes
+from outbox.ingest.answers import delivery_view, respond
 from outbox.ingest.envelope import Envelope
 from outbox.ingest.fastpath import EVENTS_PATH, read_body
 from outbox.ingest.metrics import EventCounters
@@ -98,6 +98,9 @@ def event_ingest(
             contract_violations=tuple(contract.violations(route, envelope.payload)),
             lane=None if where is None else where.lane,
             lane_rank=None if where is None else where.rank,
+            deliveries=fanout.plan(
+                routes, route, key, envelope.payload, str(envelope.external_id), version
+            ),
         )
         outcome = await database(intake.accept(engine(), event))
         return respond(outcome, event, metrics)
@@ -108,6 +111,7 @@ def event_ingest(
 def events_router(
     handler: EventHandler,
     settings: Settings,
+    routes: RouteTable,
     engine: Callable[[], AsyncEngine],
     database: Callable[[Any], Any],
     throttle: FailureThrottle,
@@ -157,18 +161,24 @@ def events_router(
     @router.get("/v1/events/{key:path}", responses=problem_responses(401, 403, 404, 422, 429, 503))
     async def get_event(key: str, request: Request) -> JSONResponse:
         """The state of one key: status, attempts, result, external_ref, error_code, times;
-        `lane` for a key of an ordered route, `superseded_by` for a superseded one.
+        `lane` for a key of an ordered route, `superseded_by` for a superseded one. A fan-out
+        event lists its `deliveries` (each one's own state) and its status is theirs; a
+        delivery names its `event_key` and `destination`.
 
         The stored result is the downstream's answer: only holders of the claims or operator
         token (or, with neither configured, clients on this machine) may read it.
         """
         tokens = (settings.claims_token, settings.operator_token)
         require_token_or_loopback(request, tokens, throttle, "claims")
-        row = await database(intake.get_key(engine(), key))
+        row = await database(intake.get_key(engine(), key, _destination_order(routes)))
         if row is None:
             raise Problem(404, "key_not_found", "No event is stored under this key.")
-        # Only keys of an ordered route have a lane; only superseded keys a superseding version.
-        lanes = {name: row[name] for name in ("lane", "superseded_by") if row[name] is not None}
+        # Only keys of an ordered route have a lane; only superseded keys a superseding version;
+        # only deliveries an event and a destination.
+        named = ("lane", "superseded_by", "event_key", "destination")
+        extra: dict[str, Any] = {name: row[name] for name in named if row[name] is not None}
+        if "deliveries" in row:
+            extra["deliveries"] = [delivery_view(d) for d in row["deliveries"]]
         return JSONResponse(
             {
                 "key": row["idempotency_key"],
@@ -186,11 +196,17 @@ def events_router(
                 "updated_at": iso(row["updated_at"]),
                 "next_attempt_at": iso(row["next_attempt_at"]),
                 "expires_at": iso(row["expires_at"]),
-                **lanes,
+                **extra,
             }
         )
 
     return router
+
+
+def _destination_order(routes: RouteTable) -> list[str]:
+    """Destinations in the order fan-out routes name them, so an event's deliveries are listed
+    as its route lists them (the route is not known before the key is read)."""
+    return list(dict.fromkeys(name for route in routes.routes for name in route.fan_out or ()))
 
 
 def _parse_envelope(body: bytes) -> Envelope:

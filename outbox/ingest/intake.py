@@ -9,14 +9,16 @@ in between (then the loop tries again). The receiver's engine commits each state
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from outbox.core import tracing
+from outbox.core import fanout, tracing
 from outbox.core.wire import PROCESS_TASK
+from outbox.ingest.fanout import Delivery
 from outbox.store import ingest as sql
 
 
@@ -41,6 +43,8 @@ class NewEvent:
     # route compares versions (None: the database numbers it in order of acceptance).
     lane: str | None = None
     lane_rank: int | None = None
+    # On a fan-out route, one per destination (outbox.ingest.fanout); else empty.
+    deliveries: tuple[Delivery, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,8 @@ class Repeated:
     attempts: int
     # The version that superseded the event (status `superseded`), else None.
     superseded_by: str | None = None
+    # A fan-out event's deliveries (its status is theirs, outbox.core.fanout); else empty.
+    deliveries: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ Outcome = Accepted | Repeated | PayloadConflict
 
 async def accept(engine: AsyncEngine, event: NewEvent) -> Outcome:
     """Store a new event atomically, or describe the existing key."""
-    params = {
+    params: dict[str, Any] = {
         "key": event.key,
         "payload_hash": event.payload_hash,
         "correlation_id": event.correlation_id,
@@ -100,6 +106,9 @@ async def accept(engine: AsyncEngine, event: NewEvent) -> Outcome:
         "trace_context": tracing.context_to_store(),
     }
     reserve = sql.RESERVE_KEY
+    if event.deliveries:
+        reserve = sql.RESERVE_FANNED_OUT
+        params.update(_deliveries_params(event.deliveries))
     if event.contract_violations:
         reserve = sql.RESERVE_KEY_QUARANTINED
         params["error_detail"] = "; ".join(event.contract_violations)[:2048]
@@ -110,15 +119,21 @@ async def accept(engine: AsyncEngine, event: NewEvent) -> Outcome:
             if row is not None and row["inserted"]:
                 return Accepted(event.key, row["correlation_id"], row["created_at"], row["status"])
             if row is not None:
+                deliveries: tuple[dict[str, Any], ...] = ()
+                status = row["status"]
+                if status == "fanned_out":
+                    deliveries = await _deliveries(conn, event.key, event.deliveries)
+                    status = fanout.event_status(d["status"] for d in deliveries)
                 return Repeated(
                     key=event.key,
-                    status=row["status"],
+                    status=status,
                     correlation_id=row["correlation_id"],
                     result=row["result"],
                     external_ref=row["external_ref"],
                     error_code=row["error_code"],
                     attempts=row["attempts"],
                     superseded_by=row["superseded_by"],
+                    deliveries=deliveries,
                 )
             exists = (await conn.execute(sql.KEY_EXISTS, {"key": event.key})).first()
             if exists is not None:
@@ -126,8 +141,34 @@ async def accept(engine: AsyncEngine, event: NewEvent) -> Outcome:
     raise RuntimeError("key vanished twice while being accepted")
 
 
-async def get_key(engine: AsyncEngine, key: str) -> dict[str, Any] | None:
-    """The public view of one key, or None."""
+async def get_key(
+    engine: AsyncEngine, key: str, destinations: Sequence[str] = ()
+) -> dict[str, Any] | None:
+    """The public view of one key, or None. A fan-out event's carries its deliveries (in the
+    order of `destinations`) and the status they make."""
     async with engine.connect() as conn:
         row = (await conn.execute(sql.GET_KEY, {"key": key})).mappings().first()
-    return None if row is None else dict(row)
+        if row is None:
+            return None
+        found = dict(row)
+        if found["status"] == "fanned_out":
+            found["deliveries"] = await _deliveries(conn, key, destinations)
+            found["status"] = fanout.event_status(d["status"] for d in found["deliveries"])
+    return found
+
+
+def _deliveries_params(deliveries: Sequence[Delivery]) -> dict[str, list[Any]]:
+    return {
+        "delivery_keys": [d.key for d in deliveries],
+        "destinations": [d.destination for d in deliveries],
+        "delivery_lanes": [d.lane for d in deliveries],
+        "delivery_ranks": [d.lane_rank for d in deliveries],
+    }
+
+
+async def _deliveries(
+    conn: AsyncConnection, key: str, order: Sequence[Delivery] | Sequence[str]
+) -> tuple[dict[str, Any], ...]:
+    names = [d if isinstance(d, str) else d.destination for d in order]
+    rows = await conn.execute(sql.DELIVERIES_OF, {"key": key, "destinations": names})
+    return tuple(dict(row) for row in rows.mappings())

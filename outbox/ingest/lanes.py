@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from outbox.core import keys
+from outbox.core.actions import ActionSettings
 from outbox.core.jsonbody import resolve_pointer
 from outbox.core.problems import Problem
-from outbox.core.routes import Route
 from outbox.core.versions import VersionInvalid, version_rank
 
 # A lane is an object's id: as long as an external id may be.
@@ -31,7 +31,9 @@ class Place:
     rank: int | None
 
 
-def place(route: Route, payload: Any, external_id: str, version: str | None) -> Place | None:
+def place(
+    route: ActionSettings, payload: Any, external_id: str, version: str | None
+) -> Place | None:
     """The event's place, or None on a route without lanes; raises a 422 Problem."""
     if route.order_by is None:
         return None

@@ -35,7 +35,7 @@ from outbox.core.logs import get_logger
 from outbox.core.problems import Problem, json_response, problem_responses
 from outbox.core.routes import Route, RouteTable, Source
 from outbox.core.settings import Settings
-from outbox.ingest import admission, intake, lanes
+from outbox.ingest import admission, fanout, intake, lanes
 from outbox.ingest.answers import respond
 from outbox.ingest.fastpath import read_body
 from outbox.ingest.metrics import EventCounters
@@ -113,8 +113,10 @@ def provider_event(
     route = admission.route_for(routes, source.key, event_type)
     stored_version = None if version is None else version[: _LIMITS["version"]]
     where = lanes.place(route, document, external_id[: _LIMITS["external_id"]], stored_version)
+    key = keys.derive_key(source.key, "webhook", event_id, version)
+    stored_external_id = external_id[: _LIMITS["external_id"]]
     event = intake.NewEvent(
-        key=keys.derive_key(source.key, "webhook", event_id, version),
+        key=key,
         payload_hash=keys.event_hash(source.key, event_type, event_id, version, "null"),
         correlation_id=uuid.uuid4().hex,
         source=source.key,
@@ -129,6 +131,7 @@ def provider_event(
         contract_violations=tuple(contract.violations(route, document)),
         lane=None if where is None else where.lane,
         lane_rank=None if where is None else where.rank,
+        deliveries=fanout.plan(routes, route, key, document, stored_external_id, stored_version),
     )
     return event, route
 

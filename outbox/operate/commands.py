@@ -29,6 +29,9 @@ log = get_logger("idem.operator")
 Instant = Annotated[str | None, typer.Option(help="ISO-8601, or how long ago such as 2h.")]
 EventType = Annotated[str | None, typer.Option(help="Event type or glob, e.g. 'crm.*'.")]
 Source = Annotated[str | None, typer.Option(help="The sender, e.g. stripe.")]
+Destination = Annotated[
+    str | None, typer.Option(help="A fan-out route's destination: its deliveries only.")
+]
 Id = Annotated[int, typer.Argument(metavar="ID")]
 STATUS_HELP = "failed_retryable, failed_final, quarantined or processing; repeatable."
 
@@ -136,6 +139,7 @@ def replay_command(
     status: Annotated[list[str] | None, typer.Option(metavar="STATUS", help=STATUS_HELP)] = None,
     event_type: EventType = None,
     source: Source = None,
+    destination: Destination = None,
     since: Instant = None,
     until: Instant = None,
     key: Annotated[list[str] | None, typer.Option(metavar="KEY", help="Repeatable.")] = None,
@@ -157,6 +161,7 @@ def replay_command(
         # Validated from plain values: the model is where the rules of a replay filter live.
         filters = {"statuses": status or None, "keys": key or None, "limit": limit}
         bounds = {"event_type": event_type, "source": source, "since": since, "until": until}
+        bounds["destination"] = destination
         mode = {"dry_run": confirm is None, "confirm": confirm}
         request = replay.ReplayRequest.model_validate({**filters, **bounds, **mode})
     except ValidationError as error:
@@ -250,3 +255,47 @@ def _validation_message(error: Any) -> str:
         message = str(problem["msg"]).removeprefix("Value error, ")
         parts.append(f"{where}: {message}" if where else message)
     return "; ".join(parts)
+
+
+def deliver_command(
+    route: Annotated[str, typer.Option(help="The fan-out route whose events to deliver.")],
+    destination: Annotated[str, typer.Option(help="The [[destinations]] table to deliver to.")],
+    since: Annotated[str, typer.Option(help="Events accepted from: ISO-8601 or e.g. 7d.")],
+    until: Instant = None,
+    execute: Annotated[bool, typer.Option("--execute", help="Add the deliveries.")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Deliver a fan-out route's past events to a destination they did not have (one added to
+    the route later): a dry run by default, then --execute. Each event gets one delivery
+    there, however often this runs."""
+    from outbox.core.routes import load_routes
+    from outbox.core.timewindow import parse_instant
+    from outbox.operate.backfill import BackfillRefused, backfill
+
+    try:
+        window = (parse_instant(since), parse_instant(until) if until else None)
+    except ValueError as error:
+        terminal.fail(str(error))
+    with terminal.engine() as (settings, engine):
+        try:
+            report = backfill(
+                engine,
+                load_routes(settings.routes_file, sources=False),
+                route,
+                destination,
+                *window,
+                execute=execute,
+            )
+        except BackfillRefused as error:
+            terminal.fail(str(error))
+    if execute:
+        log.info("deliveries.added", route=route, destination=destination, added=report.added)
+    if as_json:
+        return terminal.print_json(report.__dict__)
+    if report.dry_run:
+        terminal.console().print(
+            f"dry run: {report.events} events of route {route} have no delivery to"
+            f" {destination}; run again with --execute to deliver them"
+        )
+    else:
+        terminal.console().print(f"{report.added} deliveries added to {destination}")

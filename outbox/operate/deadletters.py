@@ -25,6 +25,8 @@ class DeadLetterFilter:
     status: Literal["open", "replayed", "discarded", "superseded"] | None = None
     since: datetime | None = None
     until: datetime | None = None
+    # A fan-out route's destination: its deliveries' dead letters only.
+    destination: str | None = None
 
 
 def list_dead_letters(
@@ -39,6 +41,7 @@ def list_dead_letters(
                 {
                     "event_type_like": glob_to_like(where.event_type) if where.event_type else None,
                     "source": where.source,
+                    "destination": where.destination,
                     "kind": where.kind,
                     "resolution": where.status,
                     "since": where.since,
@@ -74,6 +77,7 @@ def get_dead_letter(engine: Engine, dead_letter_id: int) -> dict[str, Any] | Non
         "last_error": {"error_code": found["error_code"], "detail": found["error_detail"]},
         "resolution_note": found["resolution_note"],
         "key_status": found["status"],
+        "event_key": found["event_key"],
         "accepted_at": iso(found["accepted_at"]),
         "reclaimed_count": found["reclaimed_count"],
         "blocked_deliveries": found["blocked_deliveries"],
@@ -108,6 +112,7 @@ def _summary(row: dict[str, Any]) -> dict[str, Any]:
         "source": row["source"],
         "event_type": row["event_type"],
         "route": row["route"],
+        "destination": row["destination"],
         "status": row["resolution"],
         "resolved_by": row["resolved_by"],
         "first_failed_at": iso(row["first_failed_at"]),

@@ -75,6 +75,8 @@ class ReplayRequest(BaseModel):
     statuses: list[ReplayableStatus] | None = None
     event_type: str | None = Field(default=None, min_length=1, description="a glob")
     source: str | None = Field(default=None, min_length=1)
+    # A fan-out route's destination: only its deliveries, never the event's other ones.
+    destination: str | None = Field(default=None, min_length=1)
     since: str | None = Field(default=None, description="ISO-8601 or relative, e.g. 2h")
     until: str | None = None
     keys: list[str] | None = Field(default=None, min_length=1, max_length=1000)
@@ -84,9 +86,11 @@ class ReplayRequest(BaseModel):
 
     @model_validator(mode="after")
     def _narrow_enough(self) -> ReplayRequest:
-        if not (self.statuses or self.event_type or self.since or self.until or self.keys):
+        named = (self.statuses, self.event_type, self.destination, self.since, self.until)
+        if not any(named) and not self.keys:
             raise ValueError(
-                "a replay filter must name statuses, an event_type, a since/until window or keys"
+                "a replay filter must name statuses, an event_type, a destination, a since/until"
+                " window or keys"
             )
         for bound in (self.since, self.until):
             if bound is not None:
@@ -106,6 +110,7 @@ class ReplayRequest(BaseModel):
             "statuses": self.statuses,
             "event_type_like": glob_to_like(self.event_type) if self.event_type else None,
             "source": self.source,
+            "destination": self.destination,
             "since": parse_instant(self.since) if self.since else None,
             "until": parse_instant(self.until) if self.until else None,
         }

@@ -39,6 +39,7 @@ class Status(StrEnum):
     FAILED_FINAL = "failed_final"
     QUARANTINED = "quarantined"
     SUPERSEDED = "superseded"
+    FANNED_OUT = "fanned_out"
 
 
 class Actor(StrEnum):
@@ -63,6 +64,10 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         "accept quarantined", (None,), _S.QUARANTINED, "receiver", "ingest.RESERVE_KEY_QUARANTINED"
     ),
+    Transition(
+        "accept fanned out", (None,), _S.FANNED_OUT, "receiver", "ingest.RESERVE_FANNED_OUT"
+    ),
+    Transition("deliver", (None,), _S.PENDING, "receiver or operator", "ingest.ADD_DELIVERIES"),
     Transition("first claim", (None,), _S.PROCESSING, "workflow", "CLAIM_NEW_KEY"),
     Transition(
         "claim",
@@ -157,7 +162,8 @@ CLAIM_KEY: TextClause = text(
     -- comes from the database clock; the fence goes up and a fresh token is stored, so every
     -- earlier holder's writes are rejected from now on. :payload_hash NULL matches any, and
     -- so do :lane and :lane_rank (a claim naming a lane or version must name the key's own).
-    -- The attempt log gets the previous holder's end on a reclaim, and a workflow's claim.
+    -- The attempt log gets the previous holder's end on a reclaim, and a workflow's claim. A
+    -- delivery reads its event's payload (event_key).
     WITH claimed AS (
         UPDATE idempotency_keys k
            SET status = 'processing',
@@ -189,11 +195,12 @@ CLAIM_KEY: TextClause = text(
                   k.event_type, k.source, k.locked_until, k.first_failed_at, k.uncertain,
                   now() AS claimed_at, previous.previous_status,
                   k.error_code AS previous_error_code, k.lane, k.actor,
-                  previous.previous_owner, previous.previous_updated_at
+                  previous.previous_owner, previous.previous_updated_at, k.event_key
     ), {attempts.CLAIMED}
     SELECT c.*, e.external_id, e.version, e.payload, r.paused AS route_paused,
            r.circuit AS route_circuit, r.open_until AS route_open_until
-      FROM claimed c JOIN events e USING (idempotency_key)
+      FROM claimed c
+      JOIN events e ON e.idempotency_key = COALESCE(c.event_key, c.idempotency_key)
       LEFT JOIN route_state r ON r.route = c.route
     """
 ).bindparams(*_any_lane())

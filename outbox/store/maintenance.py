@@ -92,7 +92,10 @@ COUNT_PURGEABLE: TextClause = text(
        AND k.updated_at + (k.expires_at - k.created_at) < now()
        AND NOT k.uncertain
        AND (k.status IN ('succeeded', 'failed_final', 'quarantined', 'superseded')
-            OR (k.actor = 'workflow' AND k.status IN ('pending', 'failed_retryable')))
+            OR (k.actor = 'workflow' AND k.status IN ('pending', 'failed_retryable'))
+            OR (k.status = 'fanned_out'
+                AND NOT EXISTS (SELECT 1 FROM idempotency_keys v
+                                 WHERE v.event_key = k.idempotency_key)))
        AND NOT EXISTS (SELECT 1 FROM dead_letters d
                         WHERE d.idempotency_key = k.idempotency_key AND d.resolution = 'open')
     """
@@ -107,15 +110,19 @@ PURGE_EXPIRED_KEYS: TextClause = text(
     -- never came (their workflow gave up). Never a key that may have had its effect
     -- (uncertain), never a processing key (live lease or not: its holder may be acting), never
     -- a worker key still on its way (the sweeper drives it to an end first), never a key with
-    -- an open dead letter. The row lock and the conditions are one statement, so a key a claim
-    -- takes meanwhile is skipped.
+    -- an open dead letter. A fan-out event's key goes once none of its deliveries is left
+    -- (each is a key of its own, purged by these rules). The row lock and the conditions are
+    -- one statement, so a key a claim takes meanwhile is skipped.
     WITH doomed AS (
         SELECT k.idempotency_key FROM idempotency_keys k
          WHERE k.expires_at < now()
            AND k.updated_at + (k.expires_at - k.created_at) < now()
            AND NOT k.uncertain
            AND (k.status IN ('succeeded', 'failed_final', 'quarantined', 'superseded')
-                OR (k.actor = 'workflow' AND k.status IN ('pending', 'failed_retryable')))
+                OR (k.actor = 'workflow' AND k.status IN ('pending', 'failed_retryable'))
+                OR (k.status = 'fanned_out'
+                    AND NOT EXISTS (SELECT 1 FROM idempotency_keys v
+                                     WHERE v.event_key = k.idempotency_key)))
            AND NOT EXISTS (SELECT 1 FROM dead_letters d
                             WHERE d.idempotency_key = k.idempotency_key
                               AND d.resolution = 'open')

@@ -12,9 +12,10 @@ LIST_DEAD_LETTERS: TextClause = text(
     """
     SELECT d.id, d.idempotency_key, d.kind, d.error_code, d.attempts, d.first_failed_at,
            d.last_failed_at, d.resolution, d.resolved_by, d.resolved_at, d.created_at,
-           k.source, k.event_type, k.route, k.status
+           k.source, k.event_type, k.route, k.status, k.destination
       FROM dead_letters d JOIN idempotency_keys k USING (idempotency_key)
      WHERE (CAST(:event_type_like AS text) IS NULL OR k.event_type LIKE :event_type_like)
+       AND (CAST(:destination AS text) IS NULL OR k.destination = :destination)
        AND (CAST(:source AS text) IS NULL OR k.source = :source)
        AND (CAST(:kind AS text) IS NULL OR d.kind = :kind)
        AND (CAST(:resolution AS text) IS NULL OR d.resolution = :resolution)
@@ -30,10 +31,11 @@ GET_DEAD_LETTER: TextClause = text(
     """
     SELECT d.*, k.source, k.event_type, k.route, k.status, k.correlation_id,
            k.attempts AS key_attempts, k.created_at AS accepted_at, k.reclaimed_count,
-           k.blocked_deliveries, k.duplicate_count, e.external_id, e.version, e.payload
+           k.blocked_deliveries, k.duplicate_count, k.event_key, k.destination,
+           e.external_id, e.version, e.payload
       FROM dead_letters d
       JOIN idempotency_keys k USING (idempotency_key)
-      JOIN events e USING (idempotency_key)
+      JOIN events e ON e.idempotency_key = COALESCE(k.event_key, k.idempotency_key)
      WHERE d.id = :id
     """
 )
@@ -80,6 +82,7 @@ REPLAY_CANDIDATES: TextClause = text(
        AND (CAST(:statuses AS text[]) IS NULL OR k.status = ANY(:statuses))
        AND (CAST(:event_type_like AS text) IS NULL OR k.event_type LIKE :event_type_like)
        AND (CAST(:source AS text) IS NULL OR k.source = :source)
+       AND (CAST(:destination AS text) IS NULL OR k.destination = :destination)
        AND (CAST(:since AS timestamptz) IS NULL OR k.updated_at >= :since)
        AND (CAST(:until AS timestamptz) IS NULL OR k.updated_at < :until)
        AND k.idempotency_key > :after

@@ -33,8 +33,11 @@ CLAIM_DUE_OUTBOX: TextClause = text(
      WHERE o.id = due.id
     RETURNING o.id, o.idempotency_key, o.task_name, o.correlation_id, o.available_at,
               EXTRACT(EPOCH FROM now() - o.available_at)::float8 AS waited_seconds,
-              CASE WHEN :traced THEN (SELECT e.trace_context FROM events e
-                                       WHERE e.idempotency_key = o.idempotency_key)
+              CASE WHEN :traced THEN (SELECT e.trace_context
+                                        FROM idempotency_keys k
+                                        JOIN events e ON e.idempotency_key
+                                                       = COALESCE(k.event_key, k.idempotency_key)
+                                       WHERE k.idempotency_key = o.idempotency_key)
               END AS trace_context
     """
 )

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from outbox.core.routes import Route
+from outbox.core.actions import ActionSettings
 
 
 @dataclass(frozen=True)
@@ -41,12 +41,12 @@ class ActionContext:
     cancelled: threading.Event = field(default_factory=threading.Event)
 
 
-Action = Callable[[Route, ActionContext], ActionResult]
+Action = Callable[[ActionSettings, ActionContext], ActionResult]
 # Looks for the effect of an earlier attempt: its result when found, None when not.
-Reconciler = Callable[[Route, ActionContext], ActionResult | None]
+Reconciler = Callable[[ActionSettings, ActionContext], ActionResult | None]
 
 
-def get_action(route: Route) -> Action:
+def get_action(route: ActionSettings) -> Action:
     """The callable for a route's action name."""
     from worker.actions import http, noop, python
 
@@ -54,7 +54,7 @@ def get_action(route: Route) -> Action:
     return actions[route.action]
 
 
-def get_reconciler(route: Route) -> Reconciler | None:
+def get_reconciler(route: ActionSettings) -> Reconciler | None:
     """The route's reconcile step, if it has one (an http route with `reconcile_url`)."""
     from worker.actions import http
 

@@ -23,8 +23,8 @@ from urllib.parse import quote
 import httpx
 
 from outbox.core import standard_webhooks, tracing
+from outbox.core.actions import ActionSettings
 from outbox.core.jsonbody import resolve_pointer
-from outbox.core.routes import Route
 from worker.actions import ActionContext, ActionResult
 from worker.errors import ActionError, RequestInvalid, TransientError, error_for_response
 
@@ -52,7 +52,7 @@ def client() -> httpx.Client:
     return _client
 
 
-def run(route: Route, ctx: ActionContext) -> ActionResult:
+def run(route: ActionSettings, ctx: ActionContext) -> ActionResult:
     assert route.url is not None  # the routes file was validated
     if ctx.cancelled.is_set():
         raise TransientError("lease_lost", "the lease was lost before the request was sent")
@@ -82,7 +82,7 @@ def run(route: Route, ctx: ActionContext) -> ActionResult:
     )
 
 
-def reconcile(route: Route, ctx: ActionContext) -> ActionResult | None:
+def reconcile(route: ActionSettings, ctx: ActionContext) -> ActionResult | None:
     """Ask the downstream whether the effect exists: 200 found, 404 not found.
 
     Any other answer is an error like any other (a 503 here is transient, and the attempt is
@@ -117,12 +117,12 @@ def reconcile(route: Route, ctx: ActionContext) -> ActionResult | None:
     )
 
 
-def _headers(route: Route, ctx: ActionContext) -> dict[str, str]:
+def _headers(route: ActionSettings, ctx: ActionContext) -> dict[str, str]:
     return {**route.headers, "Idempotency-Key": ctx.key, "X-Correlation-ID": ctx.correlation_id}
 
 
 def _signed(
-    route: Route, ctx: ActionContext, request: httpx.Request, now: float | None = None
+    route: ActionSettings, ctx: ActionContext, request: httpx.Request, now: float | None = None
 ) -> httpx.Request:
     """The built request with the route's Standard Webhooks headers over its exact body."""
     keys = route.signing_keys
@@ -137,13 +137,13 @@ def _signed(
     return request
 
 
-def _error(route: Route, response: httpx.Response) -> ActionError | None:
+def _error(route: ActionSettings, response: httpx.Response) -> ActionError | None:
     return error_for_response(
         response, kind=route.kind, n8n_grace_seconds=route.n8n_unregistered_grace_seconds
     )
 
 
-def _timeout(route: Route) -> httpx.Timeout:
+def _timeout(route: ActionSettings) -> httpx.Timeout:
     return httpx.Timeout(route.read_timeout_seconds, connect=route.connect_timeout_seconds)
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from outbox.core.routes import Route
+from outbox.core.actions import ActionSettings
 from worker.actions import ActionContext, ActionResult
 
 
-def run(route: Route, ctx: ActionContext) -> ActionResult:
+def run(route: ActionSettings, ctx: ActionContext) -> ActionResult:
     return ActionResult(result={"action": "noop", "attempt": ctx.attempt})

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from outbox.core.routes import Route
+from outbox.core.actions import ActionSettings
 from worker.actions import ActionContext, ActionResult
 from worker.errors import ActionError, PermanentError, TransientError
 
@@ -28,7 +28,7 @@ def _resolve(spec: str) -> Callable[[ActionContext], Any]:
     return function  # type: ignore[no-any-return]
 
 
-def run(route: Route, ctx: ActionContext) -> ActionResult:
+def run(route: ActionSettings, ctx: ActionContext) -> ActionResult:
     assert route.function is not None  # the routes file was validated
     function = _resolve(route.function)
     try:

@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _check_constraint_statuses() -> set[str]:
-    """The constraint as the latest revision that rewrote it left it (0011: + superseded)."""
-    text = (ROOT / "migrations/versions/0011_lanes.py").read_text()
+    """The constraint as the latest revision that rewrote it left it (0015: + fanned_out)."""
+    text = (ROOT / "migrations/versions/0015_fan_out.py").read_text()
     block = text.split("_STATUSES = (", 1)[1].split(")\n", 1)[0]
     added = text.split('f" CHECK (status IN ({_STATUSES}, ', 1)[1].split(")", 1)[0]
     return set(re.findall(r"'([a-z_]+)'", block + added))
