@@ -490,6 +490,11 @@ name = "billing"
 fan_out = ["books", "finance-flow", "notify"]
 
 [[routes]]
+match = "account.*"
+name = "accounts"
+fan_out = ["ledger-sync", "books"]
+
+[[routes]]
 match = "charge.*"
 name = "stripe-charges"
 sources = ["stripe"]
@@ -516,6 +521,18 @@ max_attempts = {20 if name == "notify" else 4}
 """
             for name in FAN_OUT_DESTINATIONS
         )
+        + f"""
+[[destinations]]
+name = "ledger-sync"
+action = "http"
+url = "{downstream_url}/ledger-sync/tasks"
+order_by = "/account"
+versions = "supersede"
+read_timeout_seconds = 1
+connect_timeout_seconds = 1
+backoff_base_seconds = 0.2
+backoff_cap_seconds = 1
+"""
         + "".join(
             f'\n[[sources]]\nname = "{name}"\nscheme = "{scheme}"\nsecrets = ["{secret}"]\n'
             for name, (scheme, secret) in PROVIDER_SECRETS.items()

@@ -35,7 +35,7 @@ def timing_problems(settings: Settings, routes: RouteTable) -> list[str]:
             f"VISIBILITY_TIMEOUT={settings.visibility_timeout} must be at least "
             f"{needed:g} s ({VISIBILITY_MARGIN} x (LEASE_SECONDS={lease} + renewal {renewal:g}))"
         )
-    for route in routes.routes:
+    for route in routes.acting():
         if route.action_timeout_seconds >= lease:
             problems.append(
                 f"route {route.label!r}: connect_timeout_seconds "

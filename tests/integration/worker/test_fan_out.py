@@ -326,3 +326,54 @@ def test_a_destination_added_later_gets_past_events_by_a_backfill_dry_run_first(
         state = _settled(stack, key, "succeeded")
         assert [d["destination"] for d in state["deliveries"]] == [*DESTINATIONS, "archive"]
         assert _effects(downstream, key) == dict.fromkeys((*DESTINATIONS, "archive"), 1)
+
+
+def test_a_lane_is_per_destination(stack: Stack, downstream: Downstream) -> None:
+    """`accounts` fans out to `ledger-sync` (ordered by account, newest version wins) and
+    `books` (unordered). Six versions of one account posted at once, each first refused
+    with a 503 by ledger-sync: ledger-sync applies increasing versions ending at the newest,
+    the rest superseded there; books acts on every version once; the event's status counts
+    a superseded delivery as done."""
+    applied: list[int] = []
+    lock = threading.Lock()
+
+    def behaviour(key: str, number: int) -> Reply:
+        if key.endswith(" @ledger-sync"):
+            with downstream.lock:
+                body = next(r["body"] for r in reversed(downstream.requests) if r["key"] == key)
+            if number == 1:
+                return Reply(503)
+            with lock:
+                applied.append(body["v"])
+        return Reply(201)
+
+    downstream.behaviour = behaviour
+
+    def post(version: int) -> httpx.Response:
+        body = {
+            "source": "ledger-app",
+            "event_type": "account.updated",
+            "external_id": f"acct-7-v{version}",
+            "version": version,
+            "payload": {"account": "acct-7", "v": version},
+        }
+        with stack.client() as client:
+            return client.post("/v1/events", json=body)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=6) as pool:
+        answers = list(pool.map(post, [3, 1, 6, 2, 5, 4]))
+    assert all(a.status_code == 202 for a in answers), [a.text for a in answers]
+    keys = [a.json()["key"] for a in answers]
+    for key in keys:
+        _settled(stack, key, "succeeded")
+    assert applied == sorted(set(applied)) and applied[-1] == 6, applied
+    with downstream.lock:
+        assert all(downstream.effects[delivery_key(k, "books")] == 1 for k in keys)
+    lanes = query(stack.database_url, "SELECT route, lane, applied_version FROM lanes")
+    assert lanes == [("ledger-sync", "acct-7", "6")]
+    superseded = query(
+        stack.database_url,
+        "SELECT count(*) FROM idempotency_keys WHERE destination = 'ledger-sync'"
+        " AND status = 'superseded'",
+    )
+    assert superseded == [(6 - len(applied),)]
