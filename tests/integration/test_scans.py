@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, event
 
-from outbox.core.routes import load_routes
+from outbox.core.routes import Destination, Route, RouteTable, load_routes
 from outbox.core.settings import Settings
 from outbox.maintenance import purge
 from outbox.operate import stats
+from outbox.operate.backfill import backfill
 from outbox.operate.console import charts
+from outbox.operate.deadletters import DeadLetterFilter, list_dead_letters
 from outbox.operate.replay import ReplayRequest, plan
 from outbox.relay import loop as relay
 from outbox.store import relay as queries
@@ -198,7 +201,32 @@ def _replay_window(engine: Engine) -> None:
         )
 
 
+def _replay_destination(engine: Engine) -> None:
+    with engine.connect() as conn:
+        plan(
+            conn,
+            ReplayRequest(destination="notify", statuses=["failed_final"], limit=100),
+            load_routes(None),
+            secret=b"s",
+        )
+
+
+def _backfill_dry_run(engine: Engine) -> None:
+    table = RouteTable(
+        [Route(match="billing.*", name="billing", fan_out=["archive"])],
+        destinations=[Destination(name="archive", action="noop")],
+    )
+    backfill(engine, table, "billing", "archive", datetime.now(UTC) - timedelta(days=7))
+
+
+def _dead_letters_of_a_destination(engine: Engine) -> None:
+    list_dead_letters(engine, DeadLetterFilter(destination="notify"))
+
+
 PATHS: dict[str, Callable[[Engine], Any]] = {
+    "replay of a destination": _replay_destination,
+    "backfill's dry run": _backfill_dry_run,
+    "dead letters of a destination": _dead_letters_of_a_destination,
     "sweeper's purge and prune": lambda e: purge.purge(e, dry_run=False, max_batches=1),
     "/metrics and /v1/stats": stats.collect,
     "console chart": charts.per_minute,
