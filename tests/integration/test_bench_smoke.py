@@ -1,7 +1,7 @@
 """`python -m bench.run --smoke` runs its sections and writes numeric JSON (speed not judged).
 
 `make test` runs the sections on the event path (ingest and repeats, end to end, the relay,
-provider webhooks, slow downstreams); `make test-slow` runs every section, growth, memory and
+provider webhooks); `make test-slow` runs every section, slow downstreams, growth, memory and
 ordered traffic included (they fill and drain databases of their own, a minute more).
 """
 
@@ -30,9 +30,10 @@ CHECKED = {
     "slow": "8 slow downstream",
     "ordered": "9 ordered traffic",
 }
-# The ordered section runs with every section (`make test-slow`); lanes themselves are
-# proven by tests/integration/worker/test_lanes.py in `make test`.
-EVENT_PATH = ("ingest", "duplicates", "e2e", "relay", "webhooks", "slow")
+# The ordered and slow-downstream sections run with every section (`make test-slow`); lanes
+# are proven by tests/integration/worker/test_lanes.py, slow downstreams by
+# tests/integration/worker/test_partial_failure.py, both in `make test`.
+EVENT_PATH = ("ingest", "duplicates", "e2e", "relay", "webhooks")
 
 
 def _numbers(value: Any) -> list[float]:
