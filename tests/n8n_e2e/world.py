@@ -3,10 +3,11 @@
 A database and a Redis of the run's own, the gateway's receiver, relay, worker and sweeper (as
 tests/support.py `Stack` starts them), a second receiver whose signing secret was rotated, a
 TCP proxy in front of the receivers (cut it and the gateway is down for n8n), the fake CRM
-(tests/support.py `Downstream`), the scripted chat model, the lane route and the CRM source
-of examples/routes.toml (09's), and n8n with the n8n-nodes-idem package
-installed (tests/n8n_e2e/idem_node.py) and every workflow of examples/n8n imported, its Config
-pointed here, its credentials created and published.
+(tests/support.py `Downstream`, which also plays 10's CRM, ledger and chat notifier, a path
+each), the scripted chat model, the lane route and the CRM source of examples/routes.toml
+(09's), its fan-out route with its destinations and the Stripe source (10's), and n8n with the
+n8n-nodes-idem package installed (tests/n8n_e2e/idem_node.py) and every workflow of
+examples/n8n imported, its Config pointed here, its credentials created and published.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 
@@ -33,6 +35,7 @@ from tests.n8n_e2e.model import ScriptedModel
 from tests.n8n_e2e.n8n import N8n
 from tests.support import (
     CLAIMS_TOKEN,
+    PROVIDER_SECRETS,
     ROOT,
     Downstream,
     Stack,
@@ -62,6 +65,12 @@ IDEM_NODE_CREDENTIAL = "idemApiCredent01"
 CONTACTS_ROUTE = "crm-contacts"
 CONTACTS_SOURCE = "crm"
 CONTACTS_SECRET = "whsec_" + base64.b64encode(b"n8n-e2e-crm-contact-updates-key!").decode()
+# 10: the fan-out route of examples/routes.toml, its destinations (the CRM, 10's workflow, the
+# chat notifier) and the Stripe source, signed with this secret.
+INVOICE_ROUTE = "stripe-invoice-paid"
+STRIPE_SOURCE = "stripe"
+STRIPE_SECRET = PROVIDER_SECRETS[STRIPE_SOURCE][1]
+EXAMPLE_ROUTES = ROOT / "examples" / "routes.toml"
 
 
 @dataclass
@@ -140,29 +149,106 @@ def configured(workflow: dict[str, Any], values: dict[str, str]) -> dict[str, An
 
 def _toml_table(kind: str, table: dict[str, Any]) -> str:
     """One `[[kind]]` table of scalars and lists (JSON's string syntax is TOML's)."""
+    assert not any(isinstance(value, dict) for value in table.values()), table
     lines = "".join(f"{name} = {json.dumps(value)}\n" for name, value in table.items())
     return f"[[{kind}]]\n{lines}\n"
 
 
-def example_contacts_route(n8n_url: str) -> tuple[str, str]:
-    """The lane route and its provider source as examples/routes.toml declares them, the route's
-    URL pointed at this n8n's webhook of examples/n8n/09 and the source's secret at this run's;
-    its timeouts within the stack's LEASE_SECONDS (5 s) and its backoff shortened so a retry
-    comes within the run."""
-    example = tomllib.loads((ROOT / "examples" / "routes.toml").read_text(encoding="utf-8"))
-    route = next(r for r in example["routes"] if r.get("name") == CONTACTS_ROUTE)
-    source = next(s for s in example["sources"] if s["name"] == CONTACTS_SOURCE)
-    path = route["url"].rsplit("/webhook/", 1)[1]
-    route = {
-        **route,
-        "url": f"{n8n_url}/webhook/{path}",
+def _example() -> dict[str, Any]:
+    return tomllib.loads(EXAMPLE_ROUTES.read_text(encoding="utf-8"))
+
+
+def _within_the_run(table: dict[str, Any]) -> dict[str, Any]:
+    """A route's or destination's timeouts within the stack's LEASE_SECONDS (5 s) and its backoff
+    shortened, so a retry comes within the run."""
+    return {
+        **table,
         "connect_timeout_seconds": 1,
         "read_timeout_seconds": 3,
         "backoff_base_seconds": 0.5,
         "backoff_cap_seconds": 2,
     }
-    source = {**source, "secret": CONTACTS_SECRET}
-    return _toml_table("routes", route), _toml_table("sources", source)
+
+
+def _rebased(url: str, base: str) -> str:
+    """`url`'s path (and query) under `base` instead of its own scheme, host and port."""
+    parts = urlsplit(url)
+    return base.rstrip("/") + parts.path + (f"?{parts.query}" if parts.query else "")
+
+
+def example_contacts_route(n8n_url: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The lane route and its provider source as examples/routes.toml declares them, the route's
+    URL pointed at this n8n's webhook of examples/n8n/09 and the source's secret at this run's."""
+    example = _example()
+    route = next(r for r in example["routes"] if r.get("name") == CONTACTS_ROUTE)
+    source = next(s for s in example["sources"] if s["name"] == CONTACTS_SOURCE)
+    route = _within_the_run({**route, "url": _rebased(route["url"], n8n_url)})
+    return route, {**source, "secret": CONTACTS_SECRET}
+
+
+def example_invoice_fan_out(
+    n8n_url: str, downstream_url: str
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """The fan-out route, its destinations and the Stripe source as examples/routes.toml declares
+    them: the n8n destination pointed at this n8n (10's webhook), every other one at the fake
+    downstream under a path of its own (`/crm/tasks`, `/slack/notify`), the source's secret at
+    this run's."""
+    example = _example()
+    route = next(r for r in example["routes"] if r.get("name") == INVOICE_ROUTE)
+    destinations = []
+    for table in example["destinations"]:
+        if table["name"] not in route["fan_out"]:
+            continue
+        base = n8n_url if table.get("kind") == "n8n" else f"{downstream_url}/{table['name']}"
+        moved = {
+            name: _rebased(table[name], base) for name in ("url", "reconcile_url") if name in table
+        }
+        destinations.append(_within_the_run({**table, **moved}))
+    source = next(s for s in example["sources"] if s["name"] == STRIPE_SOURCE)
+    return route, destinations, {**source, "secrets": [STRIPE_SECRET]}
+
+
+def run_routes(path: Path, downstream_url: str, n8n_url: str) -> Path:
+    """The run's routes file: tests/support.py's routes (the CRM's `crm.*`, the catch-all ...),
+    with 09's lane route, 07's trigger route and 10's fan-out route before the catch-all (the
+    first match wins), 10's destinations, and 09's and 10's sources in place of tests/support.py's
+    Stripe source. tests/support.py's own fan-out routes and destinations belong to the
+    integration tests, and its route `crm` would share its name with 10's destination: the
+    former are left out, the latter is renamed `crm-tasks`."""
+    base = tomllib.loads(write_routes(path, downstream_url).read_text(encoding="utf-8"))
+    contacts_route, contacts_source = example_contacts_route(n8n_url)
+    invoice_route, destinations, stripe = example_invoice_fan_out(n8n_url, downstream_url)
+    trigger_route = {
+        "match": "trigger.*",
+        "name": "trigger",
+        "kind": "n8n",
+        "action": "http",
+        "url": f"{n8n_url}/webhook/{TRIGGER_PATH}",
+        "signing_secret": TRIGGER_SECRET,
+        "read_timeout_seconds": TRIGGER_READ_TIMEOUT_SECONDS,
+        "connect_timeout_seconds": 1,
+        "backoff_base_seconds": 0.5,
+        "backoff_cap_seconds": 2,
+        "max_attempts": 4,
+    }
+    taken = {d["name"] for d in destinations}
+    routes = [
+        {**r, "name": f"{r['name']}-tasks"} if r.get("name") in taken else r
+        for r in base["routes"]
+        if "fan_out" not in r
+    ]
+    catch_all = [r for r in routes if r["match"] == "*"]
+    routes = [r for r in routes if r["match"] != "*"]
+    routes += [contacts_route, trigger_route, invoice_route, *catch_all]
+    sources = [s for s in base["sources"] if s["name"] != STRIPE_SOURCE]
+    sources += [contacts_source, stripe]
+    path.write_text(
+        "".join(_toml_table("routes", r) for r in routes)
+        + "".join(_toml_table("destinations", d) for d in destinations)
+        + "".join(_toml_table("sources", s) for s in sources),
+        encoding="utf-8",
+    )
+    return path
 
 
 def example_workflows() -> dict[str, dict[str, Any]]:
@@ -182,36 +268,8 @@ def world(binary: Path, keep: bool = False) -> Iterator[World]:
     crm_server = crm.start()
     model = ScriptedModel().start()
     redis_process, redis_url = embedded.start_redis(work / "redis", appendonly=False)
-    routes = write_routes(work / "routes.toml", crm.url)
     n8n = N8n(binary=binary, home=work / "n8n-home", log_dir=logs)
-    # 07: a slow workflow behind the Idem Trigger, the gateway's read timeout shorter than it;
-    # 09: the example's lane route to its webhook and its provider source; the routes before
-    # the catch-all route (the first match wins).
-    text = routes.read_text(encoding="utf-8")
-    catch_all = text.index('[[routes]]\nmatch = "*"')
-    contacts_route, contacts_source = example_contacts_route(n8n.url)
-    routes.write_text(
-        text[:catch_all]
-        + contacts_route
-        + f"""[[routes]]
-match = "trigger.*"
-name = "trigger"
-kind = "n8n"
-action = "http"
-url = "{n8n.url}/webhook/{TRIGGER_PATH}"
-signing_secret = "{TRIGGER_SECRET}"
-read_timeout_seconds = {TRIGGER_READ_TIMEOUT_SECONDS}
-connect_timeout_seconds = 1
-backoff_base_seconds = 0.5
-backoff_cap_seconds = 2
-max_attempts = 4
-
-"""
-        + text[catch_all:]
-        + "\n"
-        + contacts_source,
-        encoding="utf-8",
-    )
+    routes = run_routes(work / "routes.toml", crm.url, n8n.url)
     n8n.home.mkdir()
     stack = rotated = None
     proxy = TcpProxy()
@@ -232,7 +290,12 @@ max_attempts = 4
             rotated.start_receiver()
             proxy.target = ("127.0.0.1", stack.port)
             proxy.start()
-            values = {"IDEM_URL": f"http://127.0.0.1:{proxy.port}", "CRM_URL": crm.url}
+            values = {
+                "IDEM_URL": f"http://127.0.0.1:{proxy.port}",
+                "CRM_URL": crm.url,
+                # 10's ledger: the fake downstream under a path of its own.
+                "FINANCE_URL": f"{crm.url}/finance",
+            }
             workflows = {
                 name: configured(workflow, values) for name, workflow in example_workflows().items()
             }

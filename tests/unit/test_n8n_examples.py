@@ -34,7 +34,9 @@ NODE_CLAIMS = [NODE_CLAIM, NODE_HEARTBEAT]
 NODE_WORKFLOWS = [*NODE_CLAIMS, NODE_SEND_EVENT, NODE_TRIGGER]
 # The gateway's lane route delivers a contact's updates in order: Webhook -> CRM -> answer.
 LANE_CONTACTS = "09-ordered-contact-updates.json"
-EVERY_WORKFLOW = [*WORKFLOWS, *NODE_WORKFLOWS, LANE_CONTACTS]
+# One destination of a fan-out route: a Stripe invoice.paid booked in the ledger, then answered.
+FAN_OUT_FINANCE = "10-fan-out-invoice-paid.json"
+EVERY_WORKFLOW = [*WORKFLOWS, *NODE_WORKFLOWS, LANE_CONTACTS, FAN_OUT_FINANCE]
 IDEM_NODE = "n8n-nodes-idem.idem"
 IDEM_NODE_SOURCE = ROOT / "integrations" / "n8n-nodes-idem" / "nodes" / "Idem" / "Idem.node.ts"
 
@@ -778,6 +780,46 @@ def test_trigger_workflow_ends_with_complete_from_the_trigger_item() -> None:
     assert "$('Idem Trigger').item.json.idem.key" in complete["parameters"]["key"]
     assert "$('Idem Trigger').item.json.idem.lease_token" in complete["parameters"]["leaseToken"]
     assert "Idem: complete" not in workflow["connections"], "Complete is the last node"
+
+
+def test_fan_out_workflow_is_the_n8n_destination_of_the_invoice_route() -> None:
+    """10 is the `finance-flow` destination (`kind = "n8n"`, its Webhook's path) of the fan-out
+    route `stripe-invoice-paid` of examples/routes.toml, which takes Stripe's `invoice.paid`
+    to three destinations; the workflow sends the delivery's own key on to the ledger and
+    answers after the write: booked (its `entry_id` the route's external ref), the ledger's
+    refusal with the ledger's status, an unreachable ledger 503 + Retry-After."""
+    import tomllib
+
+    example = tomllib.loads((ROOT / "examples" / "routes.toml").read_text(encoding="utf-8"))
+    (route,) = [r for r in example["routes"] if r.get("name") == "stripe-invoice-paid"]
+    assert (route["match"], route["sources"]) == ("invoice.paid", ["stripe"])
+    assert route["fan_out"] == ["crm", "finance-flow", "slack"]
+    destinations = {d["name"]: d for d in example["destinations"]}
+    assert set(route["fan_out"]) <= set(destinations)
+    finance = destinations["finance-flow"]
+    assert (finance["kind"], finance["external_ref_pointer"]) == ("n8n", "/entry_id")
+    workflow = load(FAN_OUT_FINANCE)
+    named = by_name(workflow)
+    webhook = named["Webhook"]
+    assert webhook["parameters"]["responseMode"] == "responseNode"
+    assert finance["url"].endswith("/webhook/" + webhook["parameters"]["path"])
+    assert assignment(named["Config"], "KEY") == "={{ $json.headers['idempotency-key'] }}"
+    ledger = named["Ledger: book payment"]
+    headers = {
+        h["name"]: h["value"] for h in ledger["parameters"]["headerParameters"]["parameters"]
+    }
+    assert headers["Idempotency-Key"] == "={{ $json.KEY }}"
+    assert response_options(ledger)["neverError"] is True
+    assert ledger.get("onError") == "continueErrorOutput"
+    assert targets(workflow, "Ledger: book payment", 0) == ["Booked?"]
+    (booked,) = targets(workflow, "Booked?", 0)
+    assert "entry_id:" in named[booked]["parameters"]["responseBody"]
+    (refused,) = targets(workflow, "Booked?", 1)
+    assert named[refused]["parameters"]["options"]["responseCode"] == "={{ $json.statusCode }}"
+    (unreachable,) = targets(workflow, "Ledger: book payment", 1)
+    options = named[unreachable]["parameters"]["options"]
+    assert options["responseCode"] == 503
+    assert "Retry-After" in {h["name"] for h in options["responseHeaders"]["entries"]}
 
 
 def test_webhook_paths_are_unique_across_examples() -> None:

@@ -359,6 +359,33 @@ test('Get Event and Send Event after a claim keep the claim’s key and lease to
 	assert.equal(idem.outcome, undefined, 'the claim’s routing is not carried onto a later answer');
 });
 
+test('a fan-out event: Get Event and a duplicate Send Event leave on the output with its deliveries', async () => {
+	const deliveries = [
+		{ destination: 'crm', key: 'stripe:e1 @crm', status: 'succeeded', attempts: 1, result: { id: 'T-1' }, external_ref: 'T-1', error_code: null },
+		{ destination: 'finance-flow', key: 'stripe:e1 @finance-flow', status: 'failed_final', attempts: 1, result: null, external_ref: null, error_code: 'http_422' },
+		{ destination: 'slack', key: 'stripe:e1 @slack', status: 'succeeded', attempts: 1, result: null, external_ref: null, error_code: null },
+	];
+	const state = { key: 'stripe:e1', status: 'partially_failed', attempts: 0, deliveries };
+	const looked = await step('getEvent', { key: 'stripe:e1' }, [{ json: {} }], [[200, state]]);
+	assert.equal(looked.outputs[0].length, 1, 'a success, not an error');
+	const idem = looked.outputs[0][0].json.idem;
+	assert.equal(idem.status, 'partially_failed');
+	assert.equal(idem.finished, true);
+	assert.deepEqual(idem.failed_destinations, ['finance-flow']);
+	assert.deepEqual(idem.deliveries, deliveries);
+	const sent = await step(
+		'sendEvent',
+		{ source: 'stripe', eventType: 'invoice.paid', externalId: 'in_1', eventPayload: { a: 1 } },
+		[{ json: {} }],
+		[[200, { ...state, duplicate: true }, { 'idempotent-replayed': 'true' }]],
+	);
+	const again = sent.outputs[0][0].json.idem;
+	assert.equal(again.duplicate, true);
+	assert.equal(again.replayed, true);
+	assert.deepEqual([again.status, again.finished, again.failed_destinations], ['partially_failed', true, ['finance-flow']]);
+	assert.deepEqual(again.deliveries, deliveries);
+});
+
 test('Send Event after a Webhook node: a redelivery with other headers sends the same payload and body', async () => {
 	const set = { source: 'webform', eventType: 'crm.lead.created', externalId: 'evt-1', idempotencyKey: 'webform:evt-1' };
 	const webhookItem = (headers) => ({

@@ -285,6 +285,63 @@ test('refusals: per operation, and never a claim outcome', () => {
 	);
 });
 
+// A fan-out event's state as `GET /v1/events/{key}` (and a duplicate's answer) gives it.
+function fanOut(status, deliveries) {
+	return {
+		key: 'stripe:webhook:ab12',
+		status,
+		deliveries: Object.entries(deliveries).map(([destination, state]) => ({
+			destination,
+			key: `stripe:webhook:ab12 @${destination}`,
+			status: state,
+			error_code: state === 'failed_final' ? 'http_422' : null,
+		})),
+	};
+}
+
+test('a fan-out event: partially_failed is finished, the failed destinations named, deliveries kept', () => {
+	const partial = fanOut('partially_failed', { crm: 'succeeded', 'finance-flow': 'failed_final', slack: 'succeeded' });
+	for (const to of ['getEvent', 'sendEvent']) {
+		const fields = protocol.answerFields(answer(200, partial), to);
+		assert.equal(protocol.isRefusal(answer(200, partial), to), false, to);
+		assert.equal(fields.status, 'partially_failed', to);
+		assert.equal(fields.finished, true, to);
+		assert.deepEqual(fields.failed_destinations, ['finance-flow'], to);
+		assert.deepEqual(fields.deliveries, partial.deliveries, to);
+	}
+	const running = protocol.answerFields(answer(200, fanOut('processing', { crm: 'succeeded', slack: 'pending' })), 'getEvent');
+	assert.equal(running.finished, false);
+	assert.deepEqual(running.failed_destinations, []);
+	const accepted = protocol.answerFields(answer(202, fanOut('pending', { crm: 'pending' })), 'sendEvent');
+	assert.equal(accepted.finished, false);
+	const quarantined = protocol.answerFields(answer(200, fanOut('failed_final', { crm: 'quarantined', slack: 'failed_final' })), 'getEvent');
+	assert.deepEqual([quarantined.finished, quarantined.failed_destinations], [true, ['crm', 'slack']]);
+	// Every state that no longer changes by itself, and none of the others.
+	for (const status of ['succeeded', 'failed_final', 'quarantined', 'superseded', 'partially_failed']) {
+		assert.equal(protocol.answerFields(answer(200, { status }), 'getEvent').finished, true, status);
+	}
+	for (const status of ['pending', 'processing', 'failed_retryable']) {
+		assert.equal(protocol.answerFields(answer(200, { status }), 'getEvent').finished, false, status);
+	}
+	// A key that acts itself has no deliveries; claims answers carry no `finished`.
+	assert.equal('failed_destinations' in protocol.answerFields(answer(200, { status: 'succeeded' }), 'getEvent'), false);
+	assert.equal('finished' in protocol.answerFields(answer(404, { error: 'key_not_found' }), 'getEvent'), false);
+	assert.equal('finished' in protocol.answerFields(answer(200, { status: 'succeeded' }), 'complete'), false);
+});
+
+test('an event’s deliveries are not carried onto the next answer', () => {
+	const looked = protocol.mergeIdem(
+		{ key: 'claim-key', lease_token: '9.zz' },
+		protocol.answerFields(answer(200, fanOut('partially_failed', { crm: 'succeeded', slack: 'failed_final' })), 'getEvent'),
+	);
+	assert.equal(looked.deliveries.length, 2);
+	const next = protocol.mergeIdem(looked, protocol.answerFields(answer(200, { key: 'other', status: 'succeeded' }), 'getEvent'));
+	for (const name of ['deliveries', 'failed_destinations', 'superseded_by']) assert.equal(name in next, false, name);
+	assert.equal(next.finished, true);
+	const completed = protocol.mergeIdem(looked, { status: 'succeeded' }, { key: 'claim-key', leaseToken: '9.zz' });
+	assert.equal('finished' in completed, false, 'an earlier Get Event’s `finished` says nothing about the claim');
+});
+
 test('Send Event’s default payload is a Webhook item’s body, never its headers', () => {
 	const body = { id: 'evt-1', data: { email: 'ada@example.com' } };
 	const first = { headers: { 'x-signature': 't=1,v1=aa', authorization: 'Bearer a' }, params: {}, query: {}, body, webhookUrl: 'u' };

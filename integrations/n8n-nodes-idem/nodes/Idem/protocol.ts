@@ -397,11 +397,31 @@ export function isRefusal(answer: GatewayAnswer, to: AnswerTo): boolean {
 }
 
 /**
+ * An event's states that will not change by themselves. `partially_failed` is a fan-out
+ * event's: every delivery finished, some with the effect and some without (dead letters that
+ * wait for an operator's replay).
+ */
+export const FINISHED_STATUSES: readonly string[] = [
+	'succeeded',
+	'failed_final',
+	'quarantined',
+	'superseded',
+	'partially_failed',
+];
+
+/** A fan-out delivery's states that ended without the effect. */
+const FAILED_DELIVERY_STATUSES: readonly string[] = ['failed_final', 'quarantined'];
+
+/**
  * What the item carries under `idem`: the gateway's answer; `status`, always a state string
- * (the gateway's own, e.g. `claimed`, `succeeded`, `in_progress`, `pending`; `refused` for a
- * refusal; `not_found` for Get Event's 404); `http_status`, the HTTP code; `replayed` when the
- * answer was a replay; `retry_after` when given; and `error` (the problem's code, else the
- * answer's status, else `http_<code>`) when it was not a success.
+ * (the gateway's own, e.g. `claimed`, `succeeded`, `in_progress`, `pending`,
+ * `partially_failed`; `refused` for a refusal; `not_found` for Get Event's 404);
+ * `http_status`, the HTTP code; `replayed` when the answer was a replay; `retry_after` when
+ * given; and `error` (the problem's code, else the answer's status, else `http_<code>`) when it
+ * was not a success. An event's state (Get Event, Send Event) adds `finished`, whether it will
+ * change by itself no more; a fan-out event's keeps its `deliveries` (each destination's own
+ * state) and adds `failed_destinations`, the destinations whose delivery ended without the
+ * effect (empty while none has).
  */
 export function answerFields(answer: GatewayAnswer, to: AnswerTo = 'claim'): JsonMap {
 	const body = parseBody(answer.body);
@@ -425,6 +445,14 @@ export function answerFields(answer: GatewayAnswer, to: AnswerTo = 'claim'): Jso
 	if (to === 'dedupe' && !isRefusal(answer, to) && !isUnavailable(answer.statusCode)) {
 		fields.status = body.seen === true ? 'seen' : 'new';
 	}
+	if ((to === 'getEvent' || to === 'sendEvent') && answer.statusCode < 300) {
+		fields.finished = FINISHED_STATUSES.includes(String(fields.status));
+		if (Array.isArray(body.deliveries)) {
+			fields.failed_destinations = body.deliveries
+				.filter((one) => isMap(one) && FAILED_DELIVERY_STATUSES.includes(String(one.status)))
+				.map((one) => String((one as JsonMap).destination));
+		}
+	}
 	return fields;
 }
 
@@ -435,8 +463,25 @@ export function refusalMessage(answer: GatewayAnswer, operation: string): string
 	return `The gateway refused ${operation} (HTTP ${answer.statusCode} ${String(fields.error)})${detail}`;
 }
 
-/** Members of one answer that say nothing about the next one: not carried over. */
-const ANSWER_ONLY = ['error', 'detail', 'title', 'type', 'errors', 'retry_after', 'replayed', 'outcome', 'busy_rounds'];
+/**
+ * Members of one answer that say nothing about the next one: not carried over (an event's
+ * `deliveries` would otherwise be read as the next key's).
+ */
+const ANSWER_ONLY = [
+	'error',
+	'detail',
+	'title',
+	'type',
+	'errors',
+	'retry_after',
+	'replayed',
+	'outcome',
+	'busy_rounds',
+	'finished',
+	'deliveries',
+	'failed_destinations',
+	'superseded_by',
+];
 
 function isMap(value: unknown): value is JsonMap {
 	return typeof value === 'object' && value !== null && !Array.isArray(value);
