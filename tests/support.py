@@ -151,6 +151,98 @@ def seed_lane_key(
     return key
 
 
+def seed_fan_out_event(
+    database_url: str,
+    external_id: str,
+    deliveries: dict[str, str],
+    *,
+    queued: bool = False,
+    age: str = "0 seconds",
+) -> str:
+    """A `billing.invoice_paid` event of the fan-out route `billing`, stored by the receiver's
+    own statement (RESERVE_FANNED_OUT): its key `fanned_out`, one delivery key per destination
+    of `deliveries`, then each set to its status there (a `processing` one with an expired
+    lease; `failed_final` with an open dead letter), all last changed `age` ago. Without
+    `queued` the outbox rows go in the same transaction, so no worker ever sees the event;
+    with it they stay, unpublished. Returns the event's key."""
+    from sqlalchemy import create_engine, text
+
+    from outbox.core.keys import delivery_key
+    from outbox.core.wire import PROCESS_TASK
+    from outbox.store.ingest import RESERVE_FANNED_OUT
+
+    key = f"billing-app:billing.invoice_paid:{external_id}"
+    names = list(deliveries)
+    engine = create_engine(database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                RESERVE_FANNED_OUT,
+                {
+                    "key": key,
+                    "payload_hash": f"hash-{external_id}",
+                    "correlation_id": f"corr-{external_id}",
+                    "source": "billing-app",
+                    "event_type": "billing.invoice_paid",
+                    "route": "billing",
+                    "workflow_name": None,
+                    "execution_id": None,
+                    "ttl_seconds": 86_400,
+                    "external_id": external_id,
+                    "version": None,
+                    "payload": json.dumps({"invoice": external_id}),
+                    "trace_context": None,
+                    "task_name": PROCESS_TASK,
+                    "delivery_keys": [delivery_key(key, name) for name in names],
+                    "destinations": names,
+                    "delivery_lanes": [None] * len(names),
+                    "delivery_ranks": [None] * len(names),
+                },
+            )
+            if not queued:
+                conn.execute(
+                    text("DELETE FROM outbox WHERE idempotency_key LIKE :prefix"),
+                    {"prefix": f"{key} @%"},
+                )
+            conn.execute(
+                text(
+                    "UPDATE idempotency_keys SET updated_at = now() - CAST(:age AS interval)"
+                    " WHERE idempotency_key = :key OR event_key = :key"
+                ),
+                {"key": key, "age": age},
+            )
+            for name, status in deliveries.items():
+                conn.execute(
+                    text(
+                        """
+                        UPDATE idempotency_keys
+                           SET status = :status,
+                               attempts = CASE WHEN :status = 'pending' THEN 0 ELSE 1 END,
+                               error_code = CASE WHEN :status = 'failed_final'
+                                                 THEN 'http_422' END,
+                               lease_owner = CASE WHEN :status = 'processing'
+                                                  THEN 'worker-1' END,
+                               locked_until = CASE WHEN :status = 'processing'
+                                                   THEN now() - interval '1 minute' END
+                         WHERE idempotency_key = :key
+                        """
+                    ),
+                    {"key": delivery_key(key, name), "status": status},
+                )
+                if status == "failed_final":
+                    conn.execute(
+                        text(
+                            "INSERT INTO dead_letters (idempotency_key, kind, error_code,"
+                            " error_detail, attempts, first_failed_at, last_failed_at)"
+                            " VALUES (:key, 'permanent', 'http_422', 'refused', 1, now(), now())"
+                        ),
+                        {"key": delivery_key(key, name)},
+                    )
+    finally:
+        engine.dispose()
+    return key
+
+
 def statuses(database_url: str) -> Counter[str]:
     return Counter(
         dict(query(database_url, "SELECT status, count(*) FROM idempotency_keys GROUP BY 1"))

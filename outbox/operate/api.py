@@ -89,6 +89,9 @@ def operator_router(
         _: Operator,
         event_type: str | None = None,
         source: str | None = None,
+        destination: str | None = Query(
+            None, description="A fan-out route's destination: its deliveries' dead letters only"
+        ),
         kind: Literal["permanent", "retries_exhausted", "quarantined"] | None = None,
         status: Literal["open", "replayed", "discarded", "superseded"] | None = None,
         since: str | None = Query(None, description="ISO-8601 or relative such as 2h"),
@@ -104,6 +107,7 @@ def operator_router(
             status=status,
             since=_instant("since", since),
             until=_instant("until", until),
+            destination=destination or None,
         )
         items, next_cursor = await run_in_threadpool(
             deadletters.list_dead_letters, engine(), where, limit, cursor
@@ -164,35 +168,48 @@ def operator_router(
 
     @router.get("/stats")
     async def get_stats(_: Operator) -> dict[str, Any]:
-        """Keys by status, outbox backlog and lag, processing age, open dead letters."""
-        result: dict[str, Any] = await run_in_threadpool(stats.collect, engine())
+        """Keys by status, outbox backlog and lag, processing age, open dead letters, and each
+        destination's deliveries on their way or failed (`destinations`)."""
+        result: dict[str, Any] = await run_in_threadpool(
+            stats.collect, engine(), routes.destinations
+        )
         return result
 
-    def known(name: str) -> str:
+    async def known(name: str, action: str) -> str:
+        """The name of a configured route or destination that this action may change."""
         if routes.by_label(name) is None:
             raise Problem(404, "route_not_found", "No configured route has this name.")
+        try:
+            await run_in_threadpool(routestate.check_pausable, engine(), routes, name, action)
+        except routestate.FansOut as refused:
+            raise Problem(
+                409, "route_fans_out", str(refused), destinations=refused.destinations
+            ) from refused
         return name
 
     @router.get("/routes")
     async def list_routes(_: Operator) -> dict[str, Any]:
-        """Every route: paused or circuit state, limits, keys waiting, attempts running."""
+        """Every route, then every destination: paused or circuit state, limits, keys waiting,
+        attempts running; a fan-out route names its destinations (`fan_out`)."""
         items = await run_in_threadpool(routestate.list_routes, engine(), routes)
         return {"items": items}
 
-    @router.post("/routes/{name}/pause", responses=problem_responses(404))
+    @router.post("/routes/{name}/pause", responses=problem_responses(404, 409))
     async def pause_route(name: str, body: PauseRequest, operator: Operator) -> dict[str, Any]:
-        """Stop acting on the route's keys (they wait as pending), with a reason on record."""
-        changed = await run_in_threadpool(
-            routestate.pause, engine(), known(name), body.reason, operator
-        )
+        """Stop acting on the route's or destination's keys (they wait as pending), with a
+        reason on record. A fan-out route is refused (409 `route_fans_out`, naming its
+        destinations): it runs nothing itself; pause its destinations."""
+        name = await known(name, "pause")
+        changed = await run_in_threadpool(routestate.pause, engine(), name, body.reason, operator)
         if changed:
             log.info("route.paused", route=name, by=operator)
         return {"name": name, "paused": True, "changed": changed}
 
-    @router.post("/routes/{name}/resume", responses=problem_responses(404))
+    @router.post("/routes/{name}/resume", responses=problem_responses(404, 409))
     async def resume_route(name: str, operator: Operator) -> dict[str, Any]:
         """Act on the route's keys again, those it held first, in the order they arrived."""
-        done = await run_in_threadpool(routestate.resume, engine(), known(name), operator)
+        name = await known(name, "resume")
+        done = await run_in_threadpool(routestate.resume, engine(), name, operator)
         if done.changed or done.queued:
             log.info(
                 "route.resumed", route=name, by=operator, changed=done.changed, queued=done.queued

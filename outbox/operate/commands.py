@@ -41,7 +41,8 @@ SHOWN_ROWS = 20
 FLAGS = {"statuses": "status", "keys": "key"}
 # What `dlq show` lists about a dead letter, in this order (`_at` fields are instants).
 DETAIL_FIELDS = (
-    "key source event_type external_id version route key_status correlation_id error_code"
+    "key event_key destination source event_type external_id version route key_status"
+    " correlation_id error_code"
     " error_detail attempts accepted_at first_failed_at last_failed_at resolved_by resolved_at"
     " resolution_note duplicate_count blocked_deliveries reclaimed_count"
 )
@@ -53,6 +54,7 @@ dlq_app = typer.Typer(help="Dead letters: list, show, discard.", no_args_is_help
 def dlq_list(
     event_type: EventType = None,
     source: Source = None,
+    destination: Destination = None,
     kind: Literal["permanent", "retries_exhausted", "quarantined"] | None = None,
     status: Literal["open", "replayed", "discarded", "superseded"] | None = None,
     since: Instant = None,
@@ -65,7 +67,7 @@ def dlq_list(
     from outbox.operate.deadletters import DeadLetterFilter, list_dead_letters
 
     window = _instant("--since", since), _instant("--until", until)
-    where = DeadLetterFilter(event_type, source, kind, status, *window)
+    where = DeadLetterFilter(event_type, source, kind, status, *window, destination=destination)
     with terminal.engine() as (_, engine):
         items, next_cursor = list_dead_letters(engine, where, limit, cursor)
     if as_json:
@@ -73,8 +75,8 @@ def dlq_list(
     console = terminal.console()
     if not items:
         return console.print("no dead letters match")
-    fields = "id masked_key kind error_code attempts event_type status last_failed_at"
-    headers = "id,key,kind,error code,attempts,event type,status,last failed"
+    fields = "id masked_key kind error_code attempts event_type destination status last_failed_at"
+    headers = "id,key,kind,error code,attempts,event type,destination,status,last failed"
     console.print(terminal.table(headers, (terminal.pick(item, fields) for item in items)))
     if next_cursor is not None:
         console.print(f"next page: --cursor {next_cursor}")

@@ -13,6 +13,7 @@ prometheus-client's multiprocess mode.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -35,7 +36,7 @@ class DatabaseCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         try:
-            now = stats.collect(self._engine())
+            now = stats.collect(self._engine(), self._routes.destinations)
         except Exception as error:
             log.warning("metrics.database_unavailable", error=type(error).__name__)
             up = GaugeMetricFamily("idem_database_up", "Whether the last scrape reached it.")
@@ -51,12 +52,14 @@ class DatabaseCollector(Collector):
         yield keys
         estimated = GaugeMetricFamily(
             "idem_keys_estimated",
-            "1 where idem_keys is estimated from the table's size (succeeded, above 100 000 "
-            "keys), 0 where it is counted.",
+            "1 where idem_keys is estimated (succeeded, fanned_out: above 100 000 keys), 0 "
+            "where it is counted.",
             labels=["status"],
         )
         estimated.add_metric(["succeeded"], int(now["keys_succeeded_estimated"]))
+        estimated.add_metric(["fanned_out"], int(now["keys_fanned_out_estimated"]))
         yield estimated
+        yield from destination_metrics(now["destinations"], set(self._routes.destinations))
         backlog = GaugeMetricFamily("idem_outbox_backlog", "Unpublished outbox rows due now.")
         backlog.add_metric([], now["outbox"]["due"])
         yield backlog
@@ -103,9 +106,36 @@ class DatabaseCollector(Collector):
 CIRCUIT_STATES = ("closed", "open", "half_open", "paused")
 
 
+def destination_metrics(
+    destinations: dict[str, dict[str, int]], configured: set[str]
+) -> Iterable[Metric]:
+    """Each destination's deliveries by status (those not yet succeeded) and its open dead
+    letters; a destination no longer configured is counted as `other`."""
+    keys = GaugeMetricFamily(
+        "idem_destination_keys",
+        "A destination's deliveries on their way or failed, by status.",
+        labels=["destination", "status"],
+    )
+    dead = GaugeMetricFamily(
+        "idem_destination_dead_letters_open",
+        "A destination's open dead letters.",
+        labels=["destination"],
+    )
+    merged: dict[str, Counter[str]] = {}
+    for name, counts in destinations.items():
+        merged.setdefault(name if name in configured else "other", Counter()).update(counts)
+    for name, counts in sorted(merged.items()):
+        for status in stats.DESTINATION_COUNTS:
+            keys.add_metric([name, status], counts[status])
+        dead.add_metric([name], counts["open_dead_letters"])
+    yield keys
+    yield dead
+
+
 def route_metrics(engine: Engine, routes: RouteTable) -> Iterable[Metric]:
-    """Each configured route's state (one-hot; `paused` beside the circuit) and its attempts
-    running now (keys holding a live lease), from the shared route state."""
+    """Each configured route's and destination's state (one-hot; `paused` beside the
+    circuit) and its attempts running now (keys holding a live lease), from the shared route
+    state. A fan-out route has neither: it runs nothing itself."""
     state = GaugeMetricFamily(
         "idem_route_state",
         "A route's state: 1 for its circuit (closed, open, half_open) and for paused.",
@@ -115,6 +145,8 @@ def route_metrics(engine: Engine, routes: RouteTable) -> Iterable[Metric]:
         "idem_route_in_flight", "Attempts running now for the route.", labels=["route"]
     )
     for item in routestate.list_routes(engine, routes):
+        if item["kind"] == "fan_out":
+            continue  # it runs nothing: its destinations have the state
         for name in CIRCUIT_STATES:
             on = item["paused"] if name == "paused" else item["circuit"] == name
             state.add_metric([item["name"], name], 1 if on else 0)

@@ -382,6 +382,8 @@ def _skip_reason(status: str, lease_live: bool) -> str | None:
             return "in flight (lease live)"
         case "processing" | "failed_retryable" | "failed_final" | "quarantined":
             return None
+        case "fanned_out":
+            return "a fan-out event runs nothing itself: replay its deliveries"
         case _:
             return f"status {status} is not replayable"
 

@@ -6,6 +6,12 @@ wait as `pending`. A resume un-pauses the route, then queues a delivery for ever
 held, in the order the keys were accepted, a batch per statement (`ENQUEUE_RESUMED`), reporting
 each batch: hundreds of thousands of held keys never make one statement that outlasts the
 statement timeout, and a resume that was interrupted is finished by running it again.
+
+Destinations are listed, paused and resumed like routes, by their names: a delivery's key is
+stored under its destination's name. A fan-out route runs nothing itself (its events' keys are
+`fanned_out`), so a pause of its name would hold nothing: it is refused (`FansOut`), naming the
+destinations to pause instead. A destination several fan-out routes deliver to is paused for
+all of them.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from outbox.core.actions import ActionSettings
 from outbox.core.routes import Route, RouteTable
 from outbox.core.timewindow import iso
 from outbox.core.wire import PROCESS_TASK
@@ -27,37 +34,80 @@ def _state_name(row: Any) -> str:
 
 
 def list_routes(engine: Engine, routes: RouteTable) -> list[dict[str, Any]]:
-    """Every configured route: state, limits, keys waiting and attempts running."""
+    """Every configured route, then every destination: state, limits, keys waiting and
+    attempts running. A fan-out route has none of these (`kind` "fan_out", action "none"): it
+    names the destinations its events go to (`fan_out`); a destination names the fan-out
+    routes that deliver to it (`routes`)."""
     states, load = _read(engine)
     listed = []
     for route in routes.routes:
-        row = states.get(route.label)
-        waiting, in_flight = load.get(route.label, (0, 0))
-        listed.append(
-            {
-                "name": route.label,
-                "match": route.match,
-                "action": route.action,
-                "state": "paused" if row is not None and row.paused else _state_name(row),
-                "circuit": _state_name(row),
-                "paused": bool(row is not None and row.paused),
-                "paused_reason": None if row is None else row.paused_reason,
-                "paused_by": None if row is None else row.paused_by,
-                "paused_at": None if row is None else iso(row.paused_at),
-                "open_until": None if row is None else iso(row.open_until),
-                "open_reason": None if row is None else row.open_reason,
-                "window_calls": 0 if row is None else int(row.window_calls),
-                "window_failures": 0 if row is None else int(row.window_failures),
-                "trials_running": 0 if row is None else int(row.trials_running),
-                "in_flight": in_flight,
-                "backlog": waiting,
-                **_limits(route),
-            }
-        )
+        if route.fan_out is not None:
+            listed.append(_fan_out_item(route))
+        else:
+            listed.append(_acting_item(route, "route", states, load, match=route.match))
+    for destination in routes.destinations.values():
+        feeding = [r.label for r in routes.routes if destination.name in (r.fan_out or ())]
+        item = _acting_item(destination, "destination", states, load, match=None)
+        listed.append({**item, "routes": feeding})
     return listed
 
 
-def _limits(route: Route) -> dict[str, Any]:
+def _acting_item(
+    route: ActionSettings,
+    kind: str,
+    states: dict[str, Any],
+    load: dict[str, tuple[int, int]],
+    *,
+    match: str | None,
+) -> dict[str, Any]:
+    row = states.get(route.label)
+    waiting, in_flight = load.get(route.label, (0, 0))
+    return {
+        "name": route.label,
+        "kind": kind,
+        "match": match,
+        "action": route.action,
+        "fan_out": None,
+        "routes": None,
+        "state": "paused" if row is not None and row.paused else _state_name(row),
+        "circuit": _state_name(row),
+        "paused": bool(row is not None and row.paused),
+        "paused_reason": None if row is None else row.paused_reason,
+        "paused_by": None if row is None else row.paused_by,
+        "paused_at": None if row is None else iso(row.paused_at),
+        "open_until": None if row is None else iso(row.open_until),
+        "open_reason": None if row is None else row.open_reason,
+        "window_calls": 0 if row is None else int(row.window_calls),
+        "window_failures": 0 if row is None else int(row.window_failures),
+        "trials_running": 0 if row is None else int(row.trials_running),
+        "in_flight": in_flight,
+        "backlog": waiting,
+        **_limits(route),
+    }
+
+
+def _fan_out_item(route: Route) -> dict[str, Any]:
+    """A fan-out route: it only matches and names its destinations; whatever state, limits
+    and load there is are its destinations' (listed after the routes)."""
+    return {
+        "name": route.label,
+        "kind": "fan_out",
+        "match": route.match,
+        "action": "none",
+        "fan_out": list(route.fan_out or ()),
+        "routes": None,
+        "state": "fans_out",
+        "circuit": None,
+        "paused": False,
+        **dict.fromkeys(("paused_reason", "paused_by", "paused_at", "open_until", "open_reason")),
+        **dict.fromkeys(("window_calls", "window_failures", "trials_running")),
+        "in_flight": None,
+        "backlog": None,
+        **dict.fromkeys(_limits(route)),
+    }
+
+
+def _limits(route: ActionSettings) -> dict[str, Any]:
     return {
         "max_in_flight": route.max_in_flight,
         "rate_per_second": route.rate_per_second,
@@ -67,6 +117,31 @@ def _limits(route: Route) -> dict[str, Any]:
         "circuit_window_seconds": route.circuit_window_seconds,
         "circuit_half_open_calls": route.circuit_half_open_calls,
     }
+
+
+class FansOut(ValueError):
+    """A pause or resume named a fan-out route; the message names its destinations."""
+
+    def __init__(self, route: Route, action: str) -> None:
+        self.destinations = list(route.fan_out or ())
+        super().__init__(
+            f"route {route.label!r} fans out to {', '.join(self.destinations)} and runs nothing"
+            f" itself: {action} its destinations instead, each by its name"
+        )
+
+
+def check_pausable(engine: Engine, routes: RouteTable, name: str, action: str) -> None:
+    """Raise `FansOut` when `name` is a fan-out route, unless the action is a resume of a
+    pause on record under that name (one made before the route fanned out, or before such
+    pauses were refused): lifting it is allowed, and queues the keys it held."""
+    found = routes.by_label(name)
+    if not isinstance(found, Route) or found.fan_out is None:
+        return
+    if action == "resume":
+        with engine.connect() as conn:
+            if any(r.route == name and r.paused for r in conn.execute(q.ROUTE_STATES)):
+                return
+    raise FansOut(found, action)
 
 
 def held_routes(engine: Engine) -> dict[str, dict[str, Any]]:

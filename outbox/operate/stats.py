@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, RowMapping, TextClause
+from sqlalchemy import Connection, Engine, RowMapping, TextClause
 
 from outbox.core import keys
 from outbox.core.timewindow import iso
@@ -20,7 +21,11 @@ STATUSES = (
     "failed_final",
     "quarantined",
     "superseded",
+    # A fan-out event's own key: it never runs (its deliveries do), so it is no pending work.
+    "fanned_out",
 )
+# What is counted per destination: its deliveries not yet succeeded, and its open dead letters.
+DESTINATION_COUNTS = ("pending", "processing", "failed_retryable", "failed_final", "quarantined")
 DEAD_LETTER_KINDS = ("permanent", "retries_exhausted", "quarantined")
 
 
@@ -30,22 +35,35 @@ DEAD_LETTER_KINDS = ("permanent", "retries_exhausted", "quarantined")
 # replica; the estimate moves with the table's size at once and with its density at each
 # (auto)ANALYZE.
 EXACT_BELOW = 100_000
+# Fan-out events on a table above that size: counted up to this many (a few milliseconds
+# through their partial index), past it estimated from that index's statistics (its entries
+# at the last VACUUM or ANALYZE, scaled to its size now).
+FANNED_OUT_COUNTED_UP_TO = 10_000
 
 
-def collect(engine: Engine) -> dict[str, Any]:
-    """Keys by status, outbox backlog and lag, processing age, open dead letters, duplicates.
+def collect(engine: Engine, destinations: Iterable[str] = ()) -> dict[str, Any]:
+    """Keys by status, outbox backlog and lag, processing age, open dead letters, duplicates,
+    and each destination's deliveries (`destinations`: the configured ones, listed even with
+    nothing to count).
 
-    Nothing here reads every key: succeeded keys are estimated on a large table (the answer
-    says so in `keys_succeeded_estimated`), the other statuses are counted through their
-    partial indexes (superseded keys through the lane index: only lane keys are superseded),
-    and the counters come from totals kept as they change.
+    Nothing here reads every key: succeeded keys, and fan-out events past
+    FANNED_OUT_COUNTED_UP_TO, are estimated on a large table (the answer says so in
+    `keys_succeeded_estimated`, `keys_fanned_out_estimated`), the other statuses are counted
+    through their partial indexes (superseded keys through the lane index: only lane keys are
+    superseded), and the counters come from totals kept as they change.
     """
+    per_destination: dict[str, Counter[str]] = {name: Counter() for name in destinations}
     with engine.connect() as conn:
-        by_status = {r.status: int(r.keys) for r in conn.execute(q.STATS_KEYS_UNFINISHED)}
+        by_status: Counter[str] = Counter()
+        for r in conn.execute(q.STATS_KEYS_UNFINISHED):
+            by_status[r.status] += int(r.keys)
+            if r.destination is not None:
+                per_destination.setdefault(r.destination, Counter())[r.status] += int(r.keys)
         by_status["superseded"] = int(conn.execute(q.STATS_KEYS_SUPERSEDED).scalar_one())
         raw = conn.execute(q.STATS_KEYS_ESTIMATE).scalar()
         size = None if raw is None else float(raw)
         estimated = size is not None and size >= EXACT_BELOW
+        by_status["fanned_out"], fanned_estimated = _fanned_out(conn, large=estimated)
         if size is not None and estimated:
             by_status["succeeded"] = max(0, round(size) - sum(by_status.values()))
         else:
@@ -53,10 +71,16 @@ def collect(engine: Engine) -> dict[str, Any]:
         counters = conn.execute(q.STATS_COUNTER_TOTALS).one()
         outbox = conn.execute(q.STATS_OUTBOX).one()
         processing = conn.execute(q.STATS_PROCESSING).one()
-        open_dead = {r.kind: r.open for r in conn.execute(q.STATS_DEAD_LETTERS)}
+        open_dead: Counter[str] = Counter()
+        for r in conn.execute(q.STATS_DEAD_LETTERS):
+            open_dead[r.kind] += int(r.open)
+            if r.destination is not None:
+                counts = per_destination.setdefault(r.destination, Counter())
+                counts["open_dead_letters"] += int(r.open)
     return {
         "keys_by_status": {s: by_status.get(s, 0) for s in STATUSES},
         "keys_succeeded_estimated": estimated,
+        "keys_fanned_out_estimated": fanned_estimated,
         "outbox": {
             "due": int(outbox.due),
             "unpublished": int(outbox.unpublished),
@@ -76,7 +100,28 @@ def collect(engine: Engine) -> dict[str, Any]:
         "leases_reclaimed": int(counters.reclaimed),
         # Routes whose keys wait on them: paused, or a circuit not closed.
         "routes": routestate.held_routes(engine),
+        # Each destination's deliveries on their way or failed, and its open dead letters.
+        "destinations": {
+            name: {s: counts[s] for s in (*DESTINATION_COUNTS, "open_dead_letters")}
+            for name, counts in sorted(per_destination.items())
+        },
     }
+
+
+def _fanned_out(conn: Connection, *, large: bool) -> tuple[int, bool]:
+    """Fan-out events, and whether the number is an estimate: all counted on a small table,
+    else up to FANNED_OUT_COUNTED_UP_TO and estimated past it (counted all the same while the
+    index has no statistics yet)."""
+    cap = FANNED_OUT_COUNTED_UP_TO if large else None
+    counted = int(
+        conn.execute(q.STATS_FANNED_OUT, {"limit": None if cap is None else cap + 1}).scalar_one()
+    )
+    if cap is None or counted <= cap:
+        return counted, False
+    estimate = conn.execute(q.STATS_FANNED_OUT_ESTIMATE).scalar()
+    if estimate is None:
+        return int(conn.execute(q.STATS_FANNED_OUT, {"limit": None}).scalar_one()), False
+    return max(counted, round(float(estimate))), True
 
 
 def waiting_on_routes(engine: Engine) -> dict[str, int]:

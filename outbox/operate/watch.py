@@ -17,14 +17,15 @@ from outbox.terminal import AsJson, By
 log = get_logger("idem.operator")
 
 routes_app = typer.Typer(
-    help="Routes: state (circuit, paused), limits, backlog; pause and resume.",
+    help="Routes and destinations: state (circuit, paused), limits, backlog; pause and resume.",
     invoke_without_command=True,
 )
 
 
 @routes_app.callback()
 def routes_list(ctx: typer.Context, as_json: AsJson = False) -> None:
-    """Every configured route with its state, attempts in flight, limits and backlog."""
+    """Every configured route, then every destination, with its state, attempts in flight,
+    limits and backlog; a fan-out route with the destinations it delivers to."""
     if ctx.invoked_subcommand is not None:
         return
     from outbox.core.routes import load_routes
@@ -34,19 +35,42 @@ def routes_list(ctx: typer.Context, as_json: AsJson = False) -> None:
         items = list_routes(engine, load_routes(settings.routes_file))
     if as_json:
         return terminal.print_json(items)
-    fields = "name state in_flight max_in_flight rate_per_second backlog open_until paused_reason"
-    headers = "route,state,in flight,max in flight,rate/s,backlog,probe at,paused because"
-    terminal.console().print(
-        terminal.table(headers, (terminal.pick(item, fields) for item in items))
+    fields = (
+        "name kind does state in_flight max_in_flight rate_per_second backlog open_until"
+        " paused_reason"
     )
+    headers = (
+        "route,kind,action,state,in flight,max in flight,rate/s,backlog,probe at,paused because"
+    )
+    rows = (terminal.pick({**item, **_shown(item)}, fields) for item in items)
+    terminal.console().print(terminal.table(headers, rows))
 
 
-def _known(name: str) -> None:
+def _shown(item: dict[str, Any]) -> dict[str, Any]:
+    """A row's kind and action in words: a fan-out route's destinations, a destination's
+    routes."""
+    if item["kind"] == "fan_out":
+        does = f"none, fans out to {', '.join(item['fan_out'])}"
+        return {"kind": "fan-out", "does": does, "state": "—"}
+    if item["kind"] == "destination":
+        feeding = ", ".join(item["routes"]) or "no route"
+        return {"does": f"{item['action']} (from {feeding})"}
+    return {"does": item["action"]}
+
+
+def _known(name: str, action: str) -> None:
+    """Refuse (exit 2) a name that is no route or destination, or a fan-out route's."""
     from outbox.core.routes import load_routes
+    from outbox.operate.routestate import FansOut, check_pausable
 
-    with terminal.engine() as (settings, _):
-        if load_routes(settings.routes_file).by_label(name) is None:
-            terminal.fail(f"no configured route is named {name!r}")
+    with terminal.engine() as (settings, engine):
+        routes = load_routes(settings.routes_file)
+        if routes.by_label(name) is None:
+            terminal.fail(f"no configured route or destination is named {name!r}")
+        try:
+            check_pausable(engine, routes, name, action)
+        except FansOut as refused:
+            terminal.fail(str(refused))
 
 
 @routes_app.command("pause")
@@ -56,12 +80,13 @@ def routes_pause(
     by: By = None,
     as_json: AsJson = False,
 ) -> None:
-    """Stop acting on a route's keys: they are accepted and wait as pending."""
+    """Stop acting on a route's or destination's keys: they are accepted and wait as pending
+    (a fan-out route is refused: pause its destinations)."""
     from outbox.operate.routestate import pause
 
     if not reason.strip():
         terminal.fail("--reason must not be empty")
-    _known(name)
+    _known(name, "pause")
     operator = terminal.operator(by)
     with terminal.engine() as (_, engine):
         changed = pause(engine, name, reason.strip(), operator)
@@ -83,7 +108,7 @@ def routes_resume(
     """Act on a paused route's keys again, the held ones first, in the order they arrived."""
     from outbox.operate.routestate import resume
 
-    _known(name)
+    _known(name, "resume")
     operator = terminal.operator(by)
     out = terminal.console()
 
@@ -148,21 +173,34 @@ def _print_stuck(rows: list[dict[str, Any]], lanes: list[dict[str, Any]], older_
 
 
 def stats_command(as_json: AsJson = False) -> None:
-    """Keys by status, outbox backlog and lag, processing, open dead letters, duplicates."""
+    """Keys by status, outbox backlog and lag, processing, open dead letters, duplicates, and
+    each destination's deliveries on their way or failed."""
+    from outbox.core.routes import load_routes
     from outbox.operate import stats
 
-    with terminal.engine() as (_, engine):
-        doc = stats.collect(engine)
+    with terminal.engine() as (settings, engine):
+        configured = load_routes(settings.routes_file, sources=False).destinations
+        doc = stats.collect(engine, configured)
     if as_json:
         return terminal.print_json(doc)
     held = doc.pop("routes")
+    destinations = doc.pop("destinations")
     rows: list[tuple[str, Any]] = []
     for section, value in doc.items():  # a section of numbers, or one number
         nested = value.items() if isinstance(value, dict) else []
         rows += [(section, "" if nested else value), *((f"  {n}", v) for n, v in nested)]
     rows += [("routes held (paused or open)", "" if held else "none")]
     rows += [(f"  {n}", f"{r['state']}, {r['backlog']} waiting") for n, r in held.items()]
+    if destinations:
+        rows += [("deliveries by destination", "")]
+        rows += [(f"  {n}", _destination_counts(c)) for n, c in destinations.items()]
     readable = [(name.replace("_", " "), value) for name, value in rows]
     table = terminal.table("metric,value", readable, show_header=False, box=None)
     table.columns[1].justify = "right"
     terminal.console().print(table)
+
+
+def _destination_counts(counts: dict[str, int]) -> str:
+    """`2 pending, 1 failed final, 1 open dead letters`: the counts that are not 0, or none."""
+    shown = [f"{n} {name.replace('_', ' ')}" for name, n in counts.items() if n]
+    return ", ".join(shown) or "none"

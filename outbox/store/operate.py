@@ -120,14 +120,42 @@ STATS_KEYS_UNFINISHED: TextClause = text(
     """
     -- Exact counts of every status but succeeded, each through its partial index, so the
     -- cost follows the keys in these states, not the table (a million succeeded keys are
-    -- never read).
-    SELECT status, count(*) AS keys FROM idempotency_keys
-     WHERE status IN ('pending', 'failed_retryable') GROUP BY status
+    -- never read); by destination too (NULL: a key that is no fan-out delivery).
+    SELECT status, destination, count(*) AS keys FROM idempotency_keys
+     WHERE status IN ('pending', 'failed_retryable') GROUP BY status, destination
     UNION ALL
-    SELECT 'processing', count(*) FROM idempotency_keys WHERE status = 'processing'
+    SELECT 'processing', destination, count(*) FROM idempotency_keys
+     WHERE status = 'processing' GROUP BY destination
     UNION ALL
-    SELECT status, count(*) FROM idempotency_keys
-     WHERE status IN ('failed_final', 'quarantined') GROUP BY status
+    SELECT status, destination, count(*) FROM idempotency_keys
+     WHERE status IN ('failed_final', 'quarantined') GROUP BY status, destination
+    """
+)
+
+STATS_FANNED_OUT: TextClause = text(
+    """
+    -- Fan-out events (their keys never run) through their partial index (migration 0015),
+    -- counted up to :limit at most (NULL: all of them).
+    SELECT count(*)
+      FROM (SELECT 1 FROM idempotency_keys WHERE status = 'fanned_out'
+             LIMIT CAST(:limit AS bigint)) AS fanned
+    """
+)
+
+STATS_FANNED_OUT_ESTIMATE: TextClause = text(
+    """
+    -- Fan-out events as the planner estimates them: the partial index's entries at the last
+    -- ANALYZE (which samples them) per page, times the pages it has now. 0 while the index is
+    -- its meta page alone; NULL when it has grown since statistics said it was empty (then
+    -- they are counted).
+    SELECT CASE WHEN c.reltuples <= 0 OR c.relpages <= 1 THEN
+                     CASE WHEN pg_relation_size(c.oid) <= current_setting('block_size')::int
+                          THEN 0 END
+                ELSE c.reltuples / c.relpages
+                     * (pg_relation_size(c.oid) / current_setting('block_size')::int)
+           END AS estimate
+      FROM pg_class c
+     WHERE c.oid = 'idempotency_keys_fanned_out_idx'::regclass
     """
 )
 
@@ -192,7 +220,15 @@ STATS_PROCESSING: TextClause = text(
 
 STATS_DEAD_LETTERS: TextClause = text(
     """
-    SELECT kind, count(*) AS open FROM dead_letters WHERE resolution = 'open' GROUP BY kind
+    -- Open dead letters by kind and by destination (NULL: not a delivery's), each key looked
+    -- up by its primary key: the cost follows the open dead letters.
+    SELECT d.kind,
+           (SELECT k.destination FROM idempotency_keys k
+             WHERE k.idempotency_key = d.idempotency_key) AS destination,
+           count(*) AS open
+      FROM dead_letters d
+     WHERE d.resolution = 'open'
+     GROUP BY 1, 2
     """
 )
 

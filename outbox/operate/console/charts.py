@@ -18,8 +18,10 @@ MINUTES = 60
 
 PER_MINUTE: TextClause = text(
     """
-    -- Read-only. Accepted: keys created in the minute. Succeeded: succeeded keys whose last
-    -- change (the success) fell in the minute. Failed: dead letters written in the minute.
+    -- Read-only. Accepted: keys created in the minute, a fan-out event's deliveries aside
+    -- (its own key counts it once). Succeeded: succeeded keys whose last change (the
+    -- success) fell in the minute, each delivery by itself. Failed: dead letters written in
+    -- the minute.
     WITH bounds AS (
         SELECT date_trunc('minute', now()) - make_interval(mins => :minutes - 1) AS start,
                date_trunc('minute', now()) AS stop
@@ -28,7 +30,7 @@ PER_MINUTE: TextClause = text(
     ), accepted AS (
         SELECT date_trunc('minute', k.created_at) AS minute, count(*) AS n
           FROM idempotency_keys k, bounds b
-         WHERE k.created_at >= b.start
+         WHERE k.created_at >= b.start AND k.event_key IS NULL
          GROUP BY 1
     ), succeeded AS (
         SELECT date_trunc('minute', k.updated_at) AS minute, count(*) AS n

@@ -70,6 +70,7 @@ class ReplayForm:
         self.statuses = [s for s in multi("statuses") if s]
         self.event_type = one("event_type")
         self.source = one("source")
+        self.destination = one("destination")
         self.since = one("since")
         self.until = one("until")
         self.keys = split_keys(multi("keys"))
@@ -81,6 +82,7 @@ class ReplayForm:
             "statuses": self.statuses or None,
             "event_type": self.event_type or None,
             "source": self.source or None,
+            "destination": self.destination or None,
             "since": self.since or None,
             "until": self.until or None,
             "keys": self.keys or None,
@@ -113,7 +115,7 @@ class DeadLetterQuery:
 
     @classmethod
     def parse(cls, params: Mapping[str, str]) -> DeadLetterQuery:
-        names = ("event_type", "source", "kind", "status", "since", "until")
+        names = ("event_type", "source", "destination", "kind", "status", "since", "until")
         form = {name: (params.get(name) or "").strip() for name in names}
         if "status" not in params:
             form["status"] = "open"  # what an operator looks for first
@@ -139,6 +141,7 @@ class DeadLetterQuery:
             query.where = deadletters.DeadLetterFilter(
                 event_type=form["event_type"] or None,
                 source=form["source"] or None,
+                destination=form["destination"] or None,
                 kind=cast(DeadLetterKind | None, kind),
                 status=cast(DeadLetterState | None, state),
                 since=instants.get("since"),
@@ -157,7 +160,8 @@ class DeadLetterQuery:
 
     def replay_href(self, base: str) -> str:
         """The replay form, prefilled with what this filter and a replay filter share."""
-        shared = [(k, self.form[k]) for k in ("event_type", "source", "since", "until")]
+        names = ("event_type", "source", "destination", "since", "until")
+        shared = [(k, self.form[k]) for k in names]
         kind = self.form["kind"]
         statuses = (
             ["quarantined"]

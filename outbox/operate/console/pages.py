@@ -59,6 +59,9 @@ STATUS_LABELS = {
     "quarantined": ("⊘", "quarantined"),
     # A key never acted on because a newer version of its lane won, and its dead letter.
     "superseded": ("⤼", "superseded"),
+    # A fan-out event's own key (it never runs), and an event some of whose deliveries failed.
+    "fanned_out": ("⇉", "fanned out"),
+    "partially_failed": ("◐", "partially failed"),
     "open": ("●", "open"),
     "replayed": ("↺", "replayed"),
     "discarded": ("⌀", "discarded"),

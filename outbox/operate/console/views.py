@@ -45,9 +45,9 @@ from outbox.operate.console.pages import (
 )
 from outbox.operate.console.replays import OPERATOR, add_replay_routes
 from outbox.operate.console.session import Session
+from outbox.operate.deliveries import key_view
 from outbox.store import operate as oq
 from outbox.store.attempts import attempts_of
-from outbox.store.ingest import GET_KEY
 
 log = get_logger(__name__)
 
@@ -68,14 +68,14 @@ def target(routes: RouteTable, label: str) -> dict[str, str]:
     return {"route": label, "action": route.action, "host": "— (touches nothing)"}
 
 
-def lookup_key(engine: Engine, key: str) -> dict[str, Any] | None:
-    """One key's public view and its dead-letter history (read-only)."""
+def lookup_key(engine: Engine, key: str, routes: RouteTable) -> dict[str, Any] | None:
+    """One key's public view (a fan-out event's with its deliveries) and its dead-letter
+    history (read-only)."""
+    found = key_view(engine, key, routes)
+    if found is None:
+        return None
     with engine.connect() as conn:
-        row = conn.execute(GET_KEY, {"key": key}).mappings().first()
-        if row is None:
-            return None
         history = conn.execute(oq.DEAD_LETTER_HISTORY, {"key": key}).mappings().all()
-    found = dict(row)
     found["result"] = mask_secrets(found["result"])
     found["history"] = [dict(h) for h in history]
     found["attempt_log"] = attempts_of(engine, key)
@@ -84,7 +84,7 @@ def lookup_key(engine: Engine, key: str) -> dict[str, Any] | None:
 
 def _overview(engine: Engine, routes: RouteTable) -> dict[str, Any]:
     return {
-        "stats": stats.collect(engine),
+        "stats": stats.collect(engine, routes.destinations),
         "routes": routestate.list_routes(engine, routes),
         "minutes": charts.per_minute(engine),
         "stuck": stats.stuck(engine, STUCK_AFTER_SECONDS, limit=10),
@@ -264,7 +264,17 @@ def console_router(
         session, form = checked
         if action not in ("pause", "resume") or routes.by_label(name) is None:
             return message_page(
-                request, 404, "Not found", "No configured route has this name.", session=session
+                request,
+                404,
+                "Not found",
+                "No configured route or destination has this name.",
+                session=session,
+            )
+        try:
+            await run_in_threadpool(routestate.check_pausable, engine(), routes, name, action)
+        except routestate.FansOut as refused:
+            return message_page(
+                request, 409, "A fan-out route", f"{refused}. Nothing changed.", session=session
             )
         if action == "pause":
             reason = _reason(form)
@@ -293,7 +303,7 @@ def console_router(
         key = (request.query_params.get("key") or "").strip()
         found = None
         if key:
-            found = await run_in_threadpool(lookup_key, engine(), key)
+            found = await run_in_threadpool(lookup_key, engine(), key, routes)
         return render(
             request,
             "key.html",

@@ -582,6 +582,7 @@ def test_stats_json_matches_the_rows(own_database: str, idem: Idem) -> None:
         "failed_final": 2,
         "quarantined": 1,
         "superseded": 2,
+        "fanned_out": 0,
     }
     assert (doc["outbox"]["due"], doc["outbox"]["unpublished"]) == (1, 2)
     assert 590 < doc["outbox"]["oldest_due_age_seconds"] < 700
