@@ -1,8 +1,9 @@
 """`python -m bench.run --smoke` runs its sections and writes numeric JSON (speed not judged).
 
 `make test` runs the sections on the event path (ingest and repeats, end to end, the relay,
-provider webhooks, slow downstreams); `make test-slow` runs every section, growth, memory and
-ordered traffic included (they fill and drain databases of their own, a minute more).
+provider webhooks, slow downstreams); `make test-slow` runs every section, growth, memory,
+ordered traffic and fan-out included (they fill and drain databases of their own, a minute
+and a half more).
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ CHECKED = {
     "webhooks": "7 webhooks",
     "slow": "8 slow downstream",
     "ordered": "9 ordered traffic",
+    "fanout": "10 fan-out",
 }
-# The ordered section runs with every section (`make test-slow`); lanes themselves are
-# proven by tests/integration/worker/test_lanes.py in `make test`.
+# The ordered and fan-out sections run with every section (`make test-slow`); lanes and
+# fan-out themselves are proven by tests/integration/worker/test_lanes.py and test_fan_out.py
+# in `make test`.
 EVENT_PATH = ("ingest", "duplicates", "e2e", "relay", "webhooks", "slow")
 
 
