@@ -40,6 +40,9 @@ class Profile:
     slow_runs: int
     # The downstream's answer times measured (seconds).
     slow_delays: tuple[float, ...] = (0.1, 1.0)
+    # Fan-out: the downstreams' answer times (0: a noop action); the noop one runs `e2e_runs`
+    # rounds, a slow one `slow_runs`.
+    fanout_delays: tuple[float, ...] = (0.0, 0.1)
 
 
 FULL = Profile(
@@ -89,4 +92,5 @@ SMOKE = Profile(
     slow_min_events=8,
     slow_runs=1,
     slow_delays=(0.1,),
+    fanout_delays=(0.0,),
 )

@@ -36,7 +36,7 @@ from bench.procfs import machine_busy_seconds, tree_cpu_seconds
 from outbox.ingest.provider_signatures import sign_stripe
 
 EVENT = (
-    '{{"source":"{source}","event_type":"bench.noop","external_id":"{external_id}",'
+    '{{"source":"{source}","event_type":"{event_type}","external_id":"{external_id}",'
     '"payload":{{"email":"{external_id}@example.com","name":"Ada","amount":42}}}}'
 )
 # A Stripe-style event (the shape of Stripe's event objects), posted to /v1/webhooks/stripe.
@@ -93,10 +93,11 @@ class Spec:
     watch_pids: list[int] = field(default_factory=list)
     # stripe: the source's signing secret.
     secret: str = ""
-    # lanes: how many contacts (lanes) the updates fall on, picked at random per request, and
-    # the event type (which the routes file maps to an ordered route or not).
+    # lanes: how many contacts (lanes) the updates fall on, picked at random per request.
     lanes: int = 0
-    event_type: str = "bench.contact.updated"
+    # events and lanes: the event type, which the routes file maps to a route (empty: the
+    # mode's own, `bench.noop` for events, `bench.contact.updated` for lanes).
+    event_type: str = ""
 
 
 @dataclass
@@ -221,7 +222,11 @@ class Bodies:
             external_id = str(self.counter - 1)
         else:
             external_id = f"{self.tag}-{self.counter}"
-        body = self.template.format(source=self.spec.source, external_id=external_id).encode()
+        body = self.template.format(
+            source=self.spec.source,
+            external_id=external_id,
+            event_type=self.spec.event_type or "bench.noop",
+        ).encode()
         if self.spec.mode == "stripe":
             return body, {"stripe-signature": sign_stripe(self.spec.secret, int(time.time()), body)}
         return body, {}
@@ -234,7 +239,7 @@ class Bodies:
         self.versions[contact] += 1
         return self.template.format(
             source=self.spec.source,
-            event_type=self.spec.event_type,
+            event_type=self.spec.event_type or "bench.contact.updated",
             external_id=f"{self.tag}-{contact}",
             version=self.versions[contact],
         ).encode()

@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from bench.context import Bench
-from bench.infra import WorkerShape, scalar
+from bench.infra import scalar
 from bench.load import Spec
-from bench.pipeline import CpuMeter, idem_burst, wait_idem_drained
+from bench.pipeline import idem_burst, start_pipeline, wait_idem_drained
 from bench.report import Check, median
 
 LANES = 1000
@@ -50,14 +50,8 @@ def run(bench: Bench) -> tuple[dict[str, Any], list[Check]]:
     procs = bench.processes(url, "ordered", routes_file=routes)
     bursts: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
     try:
-        receiver = procs.start_receiver()
-        procs.start_relay()
-        pool, concurrency = WorkerShape().resolved()
-        procs.start_worker(concurrency=concurrency, pool=pool)
-        procs.ready()
-        names = ("receiver", "relay", "worker")
-        pids = [procs.pid(n) for n in names]
-        cpu = CpuMeter({n: procs.pid(n) for n in names}, bench.redis.process.pid, url)
+        pipeline = start_pipeline(bench, procs, url)
+        receiver, pids, cpu = pipeline.receiver, pipeline.pids, pipeline.cpu
 
         # Warm both routes end to end (not measured).
         for event_type in KINDS.values():

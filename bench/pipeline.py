@@ -11,6 +11,7 @@ Latency: open-loop runs at half of each design's own maximum; p50/p99 of accept 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from bench.context import Bench
@@ -110,6 +111,30 @@ class CpuMeter:
             )
         spent["total"] = sum(spent.values())
         return {name: 1000 * seconds / max(events, 1) for name, seconds in spent.items()}
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The gateway's receiver, relay and worker, running: where to send, what to watch."""
+
+    receiver: str
+    pids: list[int]
+    cpu: CpuMeter
+    pool: str
+    concurrency: int
+
+
+def start_pipeline(bench: Bench, procs: Processes, url: str) -> Pipeline:
+    """Receiver + relay + worker (its default pool and concurrency, no sweeper) on `url`,
+    started and ready, with a CPU meter over the three, Redis and the database's backends."""
+    receiver = procs.start_receiver()
+    procs.start_relay()
+    pool, concurrency = WorkerShape().resolved()
+    procs.start_worker(concurrency=concurrency, pool=pool)
+    procs.ready()
+    names = ("receiver", "relay", "worker")
+    cpu = CpuMeter({n: procs.pid(n) for n in names}, bench.redis.process.pid, url)
+    return Pipeline(receiver, [procs.pid(n) for n in names], cpu, pool, concurrency)
 
 
 def idem_burst(

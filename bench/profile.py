@@ -3,7 +3,10 @@ time goes under load, sampled with py-spy (in .venv).
 
 receiver: `idem serve` under closed-loop ingest at 64 connections (noop routes).
 ceiling: the bench's bare uvicorn handler doing the same INSERTs, under the same load.
-worker: the Celery worker's pool processes while receiver + relay + worker run end to end.
+worker: the Celery worker (its pool processes, if prefork) while receiver + relay + worker run
+end to end.
+`--fan-out N`: the events' route fans out to N noop destinations (section 10's shape), so each
+event is N deliveries; a worker's units are then deliveries.
 
 Writes a flame graph (SVG) and the raw collapsed stacks next to the JSON results, and prints
 the frames with the most samples: by their own time (the innermost frame of a sample) and
@@ -27,6 +30,7 @@ from bench.infra import (
     Processes,
     RedisServer,
     scalar,
+    worker_pool_default,
 )
 from bench.infra import scratch_dir as scratch
 from bench.load import Result, Spec, generate
@@ -157,6 +161,17 @@ def succeeded(url: str) -> int:
     return int(scalar(url, "SELECT count(*) FROM idempotency_keys WHERE status = 'succeeded'"))
 
 
+def fan_out_routes(destinations: int) -> str:
+    """Every event fanned out to `destinations` noop destinations (none: '')."""
+    if destinations <= 0:
+        return ""
+    names = [f"d{n}" for n in range(1, destinations + 1)]
+    listed = ", ".join(f'"{name}"' for name in names)
+    tables = [f'[[routes]]\nmatch = "*"\nname = "fanout"\nfan_out = [{listed}]\n']
+    tables += [f'\n[[destinations]]\nname = "{name}"\naction = "noop"\n' for name in names]
+    return "".join(tables)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile")
     parser.add_argument("--target", choices=["receiver", "ceiling", "worker"], default="receiver")
@@ -165,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--admin-url", default=DEFAULT_ADMIN_URL)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--summarize", type=Path, help="only summarize an existing raw file")
+    parser.add_argument(
+        "--fan-out", type=int, default=0, help="fan each event out to N noop destinations"
+    )
     args = parser.parse_args(argv)
     if args.summarize:
         print(summarize(args.summarize))
@@ -175,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         with scratch() as work:
             redis_server = RedisServer.start(work / "redis")
             routes = work / "routes.toml"
-            routes.write_text(NOOP_ROUTES, encoding="utf-8")
+            routes.write_text(fan_out_routes(args.fan_out) or NOOP_ROUTES, encoding="utf-8")
             procs = Processes(dbs.create("profile"), redis_server.url, work, routes)
             try:
                 url = procs.start_receiver()
@@ -189,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                 pid = procs.pid(args.target)
                 if args.target == "worker":
                     pid = procs.pid("worker")
-                    assert children(pid), "the worker has no pool processes"
+                    if worker_pool_default() == "prefork":
+                        assert children(pid), "the worker has no pool processes"
                 results: list[Result] = []
                 load = threading.Thread(
                     target=lambda: results.append(

@@ -19,7 +19,7 @@ from typing import Any
 
 from rich.console import Console
 
-from bench import drain, growth, ingest, memory, ordered, pipeline, slow, webhooks
+from bench import drain, fanout, growth, ingest, memory, ordered, pipeline, slow, webhooks
 from bench.config import FULL, SMOKE, Profile
 from bench.context import Bench
 from bench.infra import (
@@ -43,6 +43,7 @@ SECTIONS = (
     "webhooks",
     "slow",
     "ordered",
+    "fanout",
 )
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 
@@ -195,6 +196,13 @@ def main(argv: list[str] | None = None) -> int:
                         checks.extend(found)
 
                     section("ordered", do_ordered)
+                if "fanout" in wanted:
+
+                    def do_fanout() -> None:
+                        document["fanout"], found = fanout.run(bench)
+                        checks.extend(found)
+
+                    section("fanout", do_fanout)
             finally:
                 redis_server.stop()
     finally:

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from tests.chaos import plan
+from tests.chaos import fan_out, plan
 from tests.chaos.client import Answer
 from tests.chaos.crm import GATEWAY, WORKFLOW
 from tests.chaos.plan import Delivery, PlannedEvent
@@ -78,6 +78,7 @@ def read_db(database_url: str) -> DbState:
         cur = conn.execute(
             "SELECT idempotency_key, status, attempts, error_code, external_ref, result,"
             " reclaimed_count, blocked_deliveries, duplicate_count, lane, superseded_by,"
+            " route, event_key, destination,"
             " COALESCE(locked_until > now(), false) AS lease_live FROM idempotency_keys"
         )
         names = [c.name for c in cur.description or ()]
@@ -194,6 +195,58 @@ def _slow_or_failed(v: Violations, what: str, request: Answer | Call) -> None:
         )
 
 
+def check_key(
+    v: Violations, key: str, kind: str, label: str, crm: dict[str, Any], db: DbState
+) -> None:
+    """One key the gateway's worker acts on (an event's, or a delivery's of a fan-out event)
+    ends as its behaviour `kind` makes certain: `succeeded` with exactly one effect at the CRM
+    (found again, not written twice, when its answer was lost), or, refused with 422,
+    `failed_final` with one permanent dead letter and no effect."""
+    effects: dict[str, int] = crm["effects"]
+    refs: dict[str, str] = crm["refs"]
+    row = db.keys.get(key)
+    if row is None:
+        v.add("key_missing", f"{label}: no key {key} in the database")
+        return
+    status = row["status"]
+    dead = db.dead_letters.get(key, [])
+    if effects.get(key, 0) > 1:
+        # Whatever else happened: a duplicated side effect is the failure this product exists
+        # to prevent.
+        v.add(
+            "duplicate_effect",
+            f"{key} ({kind}): {effects[key]} effects, {crm['posts'].get(key, 0)} writes,"
+            f" status {status}, attempts {row['attempts']}",
+        )
+    if status not in FINAL_STATUSES:
+        v.add("key_unfinished", f"{key} ({kind}) is {status} after {row['attempts']} attempts")
+        return
+    if kind == plan.INVALID:
+        if status != "failed_final" or dead != [("permanent", "http_422")]:
+            v.add("expected_permanent_dead_letter", f"{key}: {status}, dead letters {dead}")
+        if effects.get(key, 0) != 0:
+            v.add("effect_for_refused_key", f"{key}: {effects[key]} effects after 422")
+        return
+    if status != "succeeded":
+        v.add(
+            "expected_succeeded",
+            f"{key} ({kind}): {status} error={row['error_code']} dead letters {dead}",
+        )
+        return
+    if dead:
+        v.add("unexpected_dead_letter", f"{key} ({kind}): {dead}")
+    if effects.get(key, 0) == 0:
+        v.add("succeeded_without_effect", f"{key} ({kind}): no effect at the CRM")
+    if row["external_ref"] != refs.get(key):
+        v.add(
+            "external_ref_mismatch",
+            f"{key}: stored {row['external_ref']!r}, CRM {refs.get(key)!r}",
+        )
+    result = row["result"] or {}
+    if kind in plan.ANSWER_LOST and not result.get("reconciled"):
+        v.add("lost_answer_not_reconciled", f"{key} ({kind}): result {result}")
+
+
 def verify(
     events: list[PlannedEvent],
     deliveries: list[Delivery],
@@ -207,58 +260,23 @@ def verify(
     v = Violations()
     by_key = {e.key: e for e in events}
     effects: dict[str, int] = crm["effects"]
-    refs: dict[str, str] = crm["refs"]
 
     # 1. Each key ends in the state its behaviour makes certain, with one effect or none.
     for event in events:
-        if event.via != plan.VIA_EVENTS or event.ordered:
-            continue  # verify_claims, verify_ordered
-        key = event.key
-        row = db.keys.get(key)
-        kind = event.behaviour.kind
-        if row is None:
-            v.add("key_missing", f"event {event.index} ({kind}): no key {key} in the database")
-            continue
-        status = row["status"]
-        dead = db.dead_letters.get(key, [])
-        if effects.get(key, 0) > 1:
-            # Whatever else happened: a duplicated side effect is the failure this product exists
-            # to prevent.
-            v.add(
-                "duplicate_effect",
-                f"{key} ({kind}): {effects[key]} effects, {crm['posts'].get(key, 0)} writes,"
-                f" status {status}, attempts {row['attempts']}",
-            )
-        if status not in FINAL_STATUSES:
-            v.add("key_unfinished", f"{key} ({kind}) is {status} after {row['attempts']} attempts")
-            continue
-        if kind == plan.INVALID:
-            if status != "failed_final" or dead != [("permanent", "http_422")]:
-                v.add("expected_permanent_dead_letter", f"{key}: {status}, dead letters {dead}")
-            if effects.get(key, 0) != 0:
-                v.add("effect_for_refused_key", f"{key}: {effects[key]} effects after 422")
-            continue
-        if status != "succeeded":
-            v.add(
-                "expected_succeeded",
-                f"{key} ({kind}): {status} error={row['error_code']} dead letters {dead}",
-            )
-            continue
-        if dead:
-            v.add("unexpected_dead_letter", f"{key} ({kind}): {dead}")
-        if effects.get(key, 0) == 0:
-            v.add("succeeded_without_effect", f"{key} ({kind}): no effect at the CRM")
-        if row["external_ref"] != refs.get(key):
-            v.add(
-                "external_ref_mismatch",
-                f"{key}: stored {row['external_ref']!r}, CRM {refs.get(key)!r}",
-            )
-        result = row["result"] or {}
-        if kind in plan.ANSWER_LOST and not result.get("reconciled"):
-            v.add("lost_answer_not_reconciled", f"{key} ({kind}): result {result}")
-    for key in db.keys.keys() - by_key.keys():
+        if event.via != plan.VIA_EVENTS or event.ordered or event.fanned_out:
+            continue  # verify_claims, verify_ordered, fan_out_check.verify_fan_out
+        label = f"event {event.index} ({event.behaviour.kind})"
+        check_key(v, event.key, event.behaviour.kind, label, crm, db)
+    # The keys the soak made: its events' and their deliveries'.
+    made = by_key.keys() | {
+        key
+        for event in events
+        if event.fanned_out
+        for key in fan_out.delivery_keys(event.key).values()
+    }
+    for key in db.keys.keys() - made:
         v.add("unexpected_key", f"{key} ({db.keys[key]['status']}) was never sent")
-    for key in effects.keys() - by_key.keys():
+    for key in effects.keys() - made:
         v.add("unexpected_effect", f"the CRM wrote {effects[key]} for unknown key {key}")
 
     # 2. Nothing left in flight or waiting to be sent.
@@ -289,8 +307,9 @@ def verify(
         if stored is not None and stored != event.payload:
             v.add("stored_payload_changed", f"{event.key}: stored {stored}, first {event.payload}")
 
-    # 4. Every 2xx names a committed key (key, event and outbox row), the one we expect; a
-    # finished key's repeat carries the first answer.
+    # 4. Every 2xx names a committed key (key, event and outbox row: a fan-out event's are its
+    # deliveries', each a key), the one we expect; a finished key's repeat carries the first
+    # answer (a fan-out event's status is its deliveries', and its answer lists them).
     answers_by_status: Counter[str] = Counter()
     for answer in answers:
         label = str(answer.status) if answer.status is not None else f"error:{answer.error}"
@@ -299,16 +318,25 @@ def verify(
         if answer.status is not None and 200 <= answer.status < 300:
             if answer.key != event.key:
                 v.add("wrong_key", f"event {event.index}: answered key {answer.key}")
+            planned = list(fan_out.delivery_keys(event.key).values()) if event.fanned_out else []
+            queued = planned or [str(answer.key)]
             committed = (
-                answer.key in db.keys and answer.key in db.payloads and answer.key in db.outbox_keys
+                answer.key in db.keys
+                and answer.key in db.payloads
+                and all(key in db.keys and key in db.outbox_keys for key in queued)
             )
             if not committed:
                 v.add("2xx_not_committed", f"{answer.key}: 2xx at {answer.started:.1f} s")
+            if event.fanned_out and answer.deliveries != planned:
+                v.add("fan_out_answer_deliveries", f"{event.key}: listed {answer.deliveries}")
             row = db.keys.get(event.key)
+            status = row and (
+                fan_out.aggregate(db.keys, event.key) if event.fanned_out else row["status"]
+            )
             # A 200 repeat is only given for a finished key, whose state never changes again
             # (a superseded one's names the version that won).
             differs = row is not None and (
-                answer.state != row["status"]
+                answer.state != status
                 or answer.external_ref != row["external_ref"]
                 or answer.superseded_by != row["superseded_by"]
             )
@@ -317,7 +345,7 @@ def verify(
                 v.add(
                     "repeat_not_first_answer",
                     f"{event.key}: repeat said {answer.state}/{answer.external_ref}"
-                    f"/{answer.superseded_by}, final {row['status']}/{row['external_ref']}"
+                    f"/{answer.superseded_by}, final {status}/{row['external_ref']}"
                     f"/{row['superseded_by']}",
                 )
         if answer.status == 503 and not answer.retry_after:

@@ -36,6 +36,8 @@ class Answer:
     external_ref: str | None = None
     error_code: str | None = None
     superseded_by: str | None = None
+    # A fan-out event's answer: the keys of its deliveries, in the order listed.
+    deliveries: list[str] | None = None
 
 
 class Scheduler:
@@ -170,6 +172,8 @@ class Sender(Scheduler):
         answer.external_ref = body.get("external_ref")
         answer.error_code = body.get("error")
         answer.superseded_by = body.get("superseded_by")
+        if isinstance(body.get("deliveries"), list):
+            answer.deliveries = [str(d.get("key")) for d in body["deliveries"]]
         self.answers.append(answer)
         if response.status_code == 503:
             try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outbox.ingest.envelope import Envelope
+from tests.chaos import fan_out
 
 SOURCE = "chaos"
 EVENT_TYPES = ("crm.lead.created", "crm.deal.won", "crm.task.assigned")
@@ -117,10 +118,16 @@ class PlannedEvent:
     # Ordered traffic only: the contact (its lane) and this update's version of it.
     contact: str | None = None
     version: int | None = None
+    # Fan-out only: destination -> the behaviour its delivery's key meets at the CRM.
+    destinations: dict[str, Behaviour] = field(default_factory=dict)
 
     @property
     def ordered(self) -> bool:
         return self.contact is not None
+
+    @property
+    def fanned_out(self) -> bool:
+        return bool(self.destinations)
 
     def claim_body(self, payload: dict[str, Any] | None = None) -> dict[str, Any]:
         """What a workflow POSTs to /v1/claims for this event."""
@@ -293,7 +300,8 @@ def plan_events(
     """`count` events, their first deliveries spread over the first 85 % of `duration`, each
     delivered 1 to 4 times (some copies concurrent, some soon, some at the very end), and 4 %
     of them followed by a conflicting payload under the same key. A `claims_share` of them
-    is handled by a workflow through /v1/claims instead of /v1/events. On top of them, about
+    is handled by a workflow through /v1/claims instead of /v1/events, and a share of the
+    other lead events goes to the fan-out route instead (`plan_fan_out`). On top of them, about
     ORDERED_SHARE as many updates of contacts on the ordered route (`plan_ordered`), numbered
     last."""
     rng = random.Random(f"events:{seed}")
@@ -306,6 +314,8 @@ def plan_events(
     events: list[PlannedEvent] = []
     deliveries: list[Delivery] = []
     claims_seen = 0
+    fan_out_rng = random.Random(f"fan-out:{seed}")
+    fanned_out = 0
     for index in range(count):
         event_type = EVENT_TYPES[index % len(EVENT_TYPES)]
         external_id = f"ext-{seed}-{index:06d}"
@@ -324,7 +334,10 @@ def plan_events(
             event.abandon = wanted == OK or rng.random() < ABANDON_SHARE
             claims_seen += 1
         else:
-            event.key = derived_key(event.body())
+            if event_type == fan_out.REPLACES and fan_out_rng.random() < fan_out.SHARE_OF_LEADS:
+                plan_fan_out(seed, event, refusing=not fanned_out)
+                fanned_out += 1
+            event.key = event.key or derived_key(event.body())
         event.behaviour = behaviour_of(seed, event.key)
         events.append(event)
         body = event.claim_body if event.via == VIA_CLAIMS else event.body
@@ -344,6 +357,31 @@ def plan_events(
     plan_ordered(seed, contacts, duration, events, deliveries, ordered_rng)
     deliveries.sort(key=lambda d: d.at)
     return events, deliveries
+
+
+def delivery_behaviours(seed: int, event_key: str) -> dict[str, Behaviour]:
+    """Destination -> the behaviour the event's delivery there meets (its own key's)."""
+    return {
+        name: behaviour_at(seed, key, fan_out.DESTINATIONS[name])
+        for name, key in fan_out.delivery_keys(event_key).items()
+    }
+
+
+def plan_fan_out(seed: int, event: PlannedEvent, refusing: bool) -> None:
+    """Make `event` one of the fan-out route's, with its key and its deliveries' behaviours.
+    With `refusing` (the first fan-out event), its external id is the first candidate whose
+    deliveries meet exactly one refusal (422): even the CI-sized run has an event that ends
+    `partially_failed`."""
+    base = event.external_id
+    event.event_type = fan_out.EVENT_TYPE
+    for attempt in range(10_000):
+        event.external_id = base + (f"-{attempt}" if attempt else "")
+        event.key = derived_key(event.body())
+        event.destinations = delivery_behaviours(seed, event.key)
+        kinds = [b.kind for b in event.destinations.values()]
+        if not refusing or kinds.count(INVALID) == 1:
+            return
+    raise AssertionError("no external id with one refused delivery")  # not in practice
 
 
 def plan_ordered(

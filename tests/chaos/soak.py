@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from outbox.store.migrate import upgrade
-from tests.chaos import check, plan
+from tests.chaos import check, fan_out, fan_out_check, plan
 from tests.chaos.client import Sender
 from tests.chaos.crm import FakeCrm
 from tests.chaos.servers import Fleet, OwnPostgres, OwnRedis, Proc
@@ -52,7 +52,19 @@ def write_routes(path: Path, crm_url: str, max_attempts: int) -> Path:
     """One http route per event type, each with a reconcile lookup; timeouts well inside the
     5 s lease; short backoff; a budget far above what the injected faults can use up; a
     circuit breaker with short cool-downs (see `plan.CIRCUIT_COOLDOWN_SECONDS`). The
-    contacts' route also orders each contact's updates (`order_by`, `versions`)."""
+    contacts' route also orders each contact's updates (`order_by`, `versions`). The orders'
+    route fans out to three destinations with the same settings (tests/chaos/fan_out.py)."""
+    settings = f"""connect_timeout_seconds = 1
+read_timeout_seconds = 1
+backoff_base_seconds = 0.2
+backoff_cap_seconds = 2
+max_attempts = {max_attempts}
+circuit_minimum_calls = {plan.CIRCUIT_MINIMUM_CALLS}
+circuit_window_seconds = {plan.CIRCUIT_WINDOW_SECONDS}
+circuit_half_open_calls = {plan.CIRCUIT_HALF_OPEN_CALLS}
+circuit_cooldown_seconds = {plan.CIRCUIT_COOLDOWN_SECONDS}
+circuit_cooldown_cap_seconds = {plan.CIRCUIT_COOLDOWN_CAP_SECONDS}
+"""
     tables = []
     ordered = {plan.ORDERED_EVENT_TYPE: plan.ORDERED_COLLECTION}
     for event_type, collection in {**plan.COLLECTIONS, **ordered}.items():
@@ -68,18 +80,9 @@ action = "http"
 url = "{crm_url}/{collection}"
 external_ref_pointer = "/id"
 reconcile_url = "{crm_url}/{collection}/by-key/{{key}}"
-connect_timeout_seconds = 1
-read_timeout_seconds = 1
-backoff_base_seconds = 0.2
-backoff_cap_seconds = 2
-max_attempts = {max_attempts}
-circuit_minimum_calls = {plan.CIRCUIT_MINIMUM_CALLS}
-circuit_window_seconds = {plan.CIRCUIT_WINDOW_SECONDS}
-circuit_half_open_calls = {plan.CIRCUIT_HALF_OPEN_CALLS}
-circuit_cooldown_seconds = {plan.CIRCUIT_COOLDOWN_SECONDS}
-circuit_cooldown_cap_seconds = {plan.CIRCUIT_COOLDOWN_CAP_SECONDS}
-{lanes}"""
+{settings}{lanes}"""
         )
+    tables.append(fan_out.routes_toml(crm_url, settings))
     path.write_text("".join(tables), encoding="utf-8")
     return path
 
@@ -355,7 +358,7 @@ def _incidents(incidents: list[dict[str, Any]]) -> str:
 
 
 def table(report: dict[str, Any]) -> str:
-    s, a, g, c, f, k, o, p, q = (
+    s, a, g, c, f, k, o, p, q, fo = (
         report["sent"],
         report["answers"],
         report["gateway"],
@@ -365,6 +368,7 @@ def table(report: dict[str, Any]) -> str:
         report["route_outage"],
         report["partial_failure"],
         report["ordered"],
+        report["fan_out"],
     )
     statuses = a["answers_by_status"]
     two_xx = sum(n for code, n in statuses.items() if code.startswith("2"))
@@ -441,6 +445,15 @@ def table(report: dict[str, Any]) -> str:
             f" {_fmt(q['statuses'])} ({q['superseded_with_effect']} superseded after their"
             f" write landed); {q['applied_writes']} versions applied at the CRM;"
             f" {a['repeats_answered_superseded']} repeats answered 200 superseded",
+        ),
+        (
+            "fan-out",
+            f"{fo['route']}: {fo['events']} events to {len(fo['destinations'])} destinations,"
+            f" ended {_fmt(fo['events_by_status'])}; {fo['deliveries']} deliveries ended"
+            f" {_fmt(fo['deliveries_by_status'])}; {fo['effects_total']} effects"
+            f" ({fo['keys_with_more_than_one']} delivery keys with more than one),"
+            f" {fo['reconciled']} reconciled, {fo['dead_letters']} dead letters;"
+            f" {fo['views_read']} events read back; {fo['orphan_deliveries']} orphan deliveries",
         ),
         (
             "faults",
@@ -598,6 +611,9 @@ def run(args: argparse.Namespace) -> int:
         workflows.stop()
         crm_state = crm.snapshot()
         db = check.read_db(database_url)
+        views = fan_out_check.read_views(
+            receiver_url, claims_token, [e.key for e in events if e.fanned_out]
+        )
         chaos.stop.set()
         chaos.thread.join(timeout=120)
         fleet.stop_all()
@@ -611,6 +627,7 @@ def run(args: argparse.Namespace) -> int:
             events, claimed, workflows.ledger, crm_state, db, violations
         )
         ordered_facts = check.verify_ordered(events, crm_state, db, violations)
+        fan_out_facts = fan_out_check.verify_fan_out(events, crm_state, db, views, violations)
         if not drained:
             violations.add(
                 "clients_not_done",
@@ -698,6 +715,7 @@ def run(args: argparse.Namespace) -> int:
             },
             "claims": claims_facts,
             "ordered": ordered_facts,
+            "fan_out": fan_out_facts,
             "behaviours": dict(Counter(e.behaviour.kind for e in events)),
             "answers": facts,
             "crm": {

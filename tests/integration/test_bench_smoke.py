@@ -1,8 +1,9 @@
 """`python -m bench.run --smoke` runs its sections and writes numeric JSON (speed not judged).
 
 `make test` runs the sections on the event path (ingest and repeats, end to end, the relay,
-provider webhooks); `make test-slow` runs every section, slow downstreams, growth, memory and
-ordered traffic included (they fill and drain databases of their own, a minute more).
+provider webhooks); `make test-slow` runs every section, slow downstreams, growth, memory,
+ordered traffic and fan-out included (they fill and drain databases of their own, two minutes
+more).
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ CHECKED = {
     "webhooks": "7 webhooks",
     "slow": "8 slow downstream",
     "ordered": "9 ordered traffic",
+    "fanout": "10 fan-out",
 }
-# The ordered and slow-downstream sections run with every section (`make test-slow`); lanes
-# are proven by tests/integration/worker/test_lanes.py, slow downstreams by
-# tests/integration/worker/test_partial_failure.py, both in `make test`.
+# The ordered, fan-out and slow-downstream sections run with every section (`make test-slow`);
+# lanes, fan-out and slow downstreams themselves are proven in `make test` by
+# tests/integration/worker/test_lanes.py, test_fan_out.py and test_partial_failure.py.
 EVENT_PATH = ("ingest", "duplicates", "e2e", "relay", "webhooks")
 
 

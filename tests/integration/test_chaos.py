@@ -1,6 +1,6 @@
 """The chaos soak, CI-sized: 45 seconds of faults over 450 events, a fifth of them handled by
-workflows through the claims API, and shuffled updates of contacts on an ordered route, must
-break no invariant."""
+workflows through the claims API, a tenth fanned out to three destinations, and shuffled
+updates of contacts on an ordered route, must break no invariant."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ def test_chaos_soak_breaks_no_invariant(tmp_path: Path) -> None:
     """`python -m tests.chaos.soak --duration 45 --events 450` exits 0, its report counts
     no violation, every kind of fault really happened, and the workflows' claims were
     completed, failed (effect unknown, effect none, final), abandoned and reclaimed, and the
-    ordered route's contacts met stale versions (superseded) and each got its highest."""
+    ordered route's contacts met stale versions (superseded) and each got its highest, and
+    the fan-out route's events each got one effect per delivery, one of them refused."""
     report_path = tmp_path / "chaos-report.json"
     command = [
         sys.executable,
@@ -100,3 +101,13 @@ def test_chaos_soak_breaks_no_invariant(tmp_path: Path) -> None:
     assert ordered["contacts"] >= 10, ordered
     assert ordered["statuses"].get("superseded", 0) >= 1, ordered
     assert ordered["statuses"].get("succeeded", 0) >= ordered["contacts"], ordered
+
+    # Fan-out: one effect per delivery key, none lost, none orphaned (the soak's own checks);
+    # the plan made one delivery refuse for good, so an event ended partially_failed.
+    fan_out = report["fan_out"]
+    assert fan_out["events"] >= 20, fan_out
+    assert fan_out["deliveries"] == 3 * fan_out["events"], fan_out
+    assert fan_out["events_by_status"].get("partially_failed", 0) >= 1, fan_out
+    assert fan_out["keys_with_more_than_one"] == 0, fan_out
+    assert fan_out["orphan_deliveries"] == 0, fan_out
+    assert fan_out["views_read"] == fan_out["events"], fan_out
