@@ -10,6 +10,9 @@ setup stays in charge. Retries never use countdown/ETA: they wait in the outbox.
 A task ends as its attempt did (`worker.task_state`): SUCCESS, RETRY for a retry scheduled in
 the outbox, FAILURE for a dead letter, with the error code for Flower. Celery acknowledges all
 three (`task_acks_on_failure_or_timeout`) and re-publishes none.
+
+`idem.process` carries one key; `idem.process_keys` an event's deliveries, each run as
+`idem.process` would run it, at once (`worker.deliveries`).
 """
 
 from __future__ import annotations
