@@ -10,6 +10,9 @@ setup stays in charge. Retries never use countdown/ETA: they wait in the outbox.
 A task ends as its attempt did (`worker.task_state`): SUCCESS, RETRY for a retry scheduled in
 the outbox, FAILURE for a dead letter, with the error code for Flower. Celery acknowledges all
 three (`task_acks_on_failure_or_timeout`) and re-publishes none.
+
+`idem.process` carries one key; `idem.process_keys` an event's deliveries, each run as
+`idem.process` would run it, at once (`worker.deliveries`).
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ from outbox.core.logs import configure_logging
 from outbox.core.routes import RouteTable, load_routes
 from outbox.core.settings import Settings
 from outbox.core.timeouts import check_timing
-from outbox.core.wire import PROCESS_TASK, TASK_QUEUE
+from outbox.core.wire import PROCESS_KEYS_TASK, PROCESS_TASK, TASK_QUEUE
 from outbox.store.engines import create_sync_engine
 from worker import metrics
 from worker.attempt import run_attempt
+from worker.deliveries import report_all, run_each
 from worker.guard import RouteGuard
 from worker.store import KeyStore
-from worker.task_state import DeadLettered, report
+from worker.task_state import DeadLettered, Finished, report
 
 
 @dataclass
@@ -84,7 +88,7 @@ class Runtime:
 
 
 def create_worker_app(settings: Settings) -> Celery:
-    """The worker's Celery app with the `idem.process` task registered."""
+    """The worker's Celery app with the `idem.process` and `idem.process_keys` tasks."""
     # The worker verifies no signature: it reads the routes, not the sources and their secrets.
     routes = load_routes(settings.routes_file, sources=False)
     check_timing(settings, routes)
@@ -111,22 +115,17 @@ def create_worker_app(settings: Settings) -> Celery:
         broker_transport_options={"visibility_timeout": settings.visibility_timeout},
     )
 
-    # A dead letter is an expected FAILURE: one INFO line from Celery, no traceback.
-    @app.task(  # type: ignore[untyped-decorator]
-        name=PROCESS_TASK, ignore_result=True, bind=True, throws=(DeadLettered,)
-    )
-    def process(task: Any, key: str, correlation_id: str | None = None) -> str:
+    def attempt(headers: Any, message_id: str, key: str, correlation_id: str | None) -> Finished:
         """Claim the key, run its route's action, record the outcome under the fence (in the
-        attempt's span when tracing is on); then end the task in the state that tells the
-        outcome."""
+        attempt's span when tracing is on, a child of the message's send span)."""
         structlog.contextvars.clear_contextvars()
         if correlation_id:
             structlog.contextvars.bind_contextvars(correlation_id=correlation_id)
         try:
-            finished = tracing.traced_attempt(
-                task.request.get,
+            return tracing.traced_attempt(
+                headers,
                 TASK_QUEUE,
-                task.request.id or "",
+                message_id,
                 lambda: run_attempt(
                     runtime.store(),
                     runtime.routes,
@@ -137,7 +136,27 @@ def create_worker_app(settings: Settings) -> Celery:
             )
         finally:
             structlog.contextvars.clear_contextvars()
-        return report(finished)
+
+    # A dead letter is an expected FAILURE: one INFO line from Celery, no traceback.
+    @app.task(  # type: ignore[untyped-decorator]
+        name=PROCESS_TASK, ignore_result=True, bind=True, throws=(DeadLettered,)
+    )
+    def process(task: Any, key: str, correlation_id: str | None = None) -> str:
+        """One key's attempt; the task ends in the state that tells its outcome."""
+        return report(attempt(task.request.get, task.request.id or "", key, correlation_id))
+
+    @app.task(  # type: ignore[untyped-decorator]
+        name=PROCESS_KEYS_TASK, ignore_result=True, bind=True, throws=(DeadLettered,)
+    )
+    def process_keys(task: Any, keys: list[str], correlation_id: str | None = None) -> str:
+        """Several deliveries of one event: each key's own attempt, all at once
+        (`worker.deliveries`); the task ends when all have."""
+        # The request is the task thread's own (thread-local): read it here for every thread.
+        request = task.request
+        headers, message_id = request.get, request.id or ""
+        return report_all(
+            run_each(keys, lambda key: attempt(headers, message_id, key, correlation_id))
+        )
 
     @signals.worker_process_init.connect(weak=False)  # type: ignore[untyped-decorator]
     def _after_fork(**_: Any) -> None:

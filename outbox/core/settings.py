@@ -83,7 +83,8 @@ class Settings(BaseSettings):
     # that spend their time waiting on a downstream (http); `prefork`: one process per attempt,
     # for python actions that need process isolation (a crash takes only its own attempt).
     worker_pool: Literal["threads", "prefork"] = "threads"
-    # Attempts in flight per worker: threads per process, or processes under prefork. Unset:
+    # Messages in flight per worker (a fan-out event's message runs one attempt per destination,
+    # each in a thread of its own): threads per process, or processes under prefork. Unset:
     # 128 threads (a 1 s downstream then allows ~128 attempts/s per process; the database
     # pool does not grow with it), or 2 processes.
     worker_concurrency: int | None = Field(default=None, ge=1)
@@ -155,7 +156,7 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
 
     def concurrency(self) -> int:
-        """Attempts in flight per worker, by pool."""
+        """Messages in flight per worker, by pool."""
         if self.worker_concurrency is not None:
             return self.worker_concurrency
         return 128 if self.worker_pool == "threads" else 2

@@ -10,5 +10,9 @@ from __future__ import annotations
 PROCESS_TASK = "idem.process"
 """The Celery task the relay publishes; the worker registers it under this name."""
 
+PROCESS_KEYS_TASK = "idem.process_keys"
+"""The task carrying several deliveries of one event (`keys`, a list): the worker runs each
+key's attempt as `PROCESS_TASK` would, concurrently, so the deliveries share one message."""
+
 TASK_QUEUE = "idem"
 """The one queue workers consume; the relay and the worker both name it."""

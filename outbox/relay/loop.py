@@ -82,7 +82,9 @@ def publish_due_batch(
     # The statement's RETURNING has no order; publish oldest first, as selected.
     rows = sorted(rows, key=lambda r: (r.available_at, r.id))
     messages = [
-        OutboxMessage(r.id, r.idempotency_key, r.task_name, r.correlation_id, r.trace_context)
+        OutboxMessage(
+            r.id, r.idempotency_key, r.task_name, r.correlation_id, r.trace_context, r.event_key
+        )
         for r in rows
     ]
     sent: list[int] = []

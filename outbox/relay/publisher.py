@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from celery import Celery
 
 from outbox.core import tracing
 from outbox.core.keys import mask_key
 from outbox.core.settings import Settings
-from outbox.core.wire import TASK_QUEUE
+from outbox.core.wire import PROCESS_KEYS_TASK, PROCESS_TASK, TASK_QUEUE
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,41 @@ class OutboxMessage:
     correlation_id: str
     # The event's stored W3C context (outbox/core/tracing.py); read only with tracing on.
     trace_context: str | None = None
+    # A delivery's first row names its event (None for any other row): see `envelopes`.
+    event_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """One Celery message: one outbox row's key, or several deliveries of one event."""
+
+    rows: tuple[OutboxMessage, ...]
+
+    @property
+    def first(self) -> OutboxMessage:
+        return self.rows[0]
+
+    @property
+    def task_id(self) -> str:
+        return "outbox-" + "+".join(str(row.outbox_id) for row in self.rows)
+
+
+def envelopes(messages: list[OutboxMessage]) -> list[Envelope]:
+    """The batch's messages, in order: the first rows of one event's deliveries (same event
+    and correlation id, `PROCESS_TASK`) travel together, where the first of them was; every
+    other row (a retry, a re-drive, a replay, a lane wake, a key that is no delivery) alone."""
+    groups: dict[tuple[str, str], list[OutboxMessage]] = {}
+    order: list[list[OutboxMessage]] = []
+    for message in messages:
+        if message.event_key is None or message.task_name != PROCESS_TASK:
+            order.append([message])
+            continue
+        group = groups.get((message.event_key, message.correlation_id))
+        if group is None:
+            group = groups[(message.event_key, message.correlation_id)] = []
+            order.append(group)
+        group.append(message)
+    return [Envelope(tuple(group)) for group in order]
 
 
 def create_publisher(settings: Settings) -> Celery:
@@ -55,6 +91,10 @@ def publish(app: Celery, messages: list[OutboxMessage], sent: list[int]) -> None
     `sent` names the rows only once it is. Flower sees these tasks from "received" on (no
     "sent" event is emitted for them). With tracing on, each message is a `send` span in its
     event's trace, its context in the message's headers (`traceparent`).
+
+    An event's deliveries taken in one batch go as ONE `PROCESS_KEYS_TASK` message (`keys`, a
+    list; `envelopes`), so they share the worker's per-message cost (the fetch, the ack);
+    the worker still runs each key's own attempt.
     """
     if not messages:
         return
@@ -74,14 +114,22 @@ def _publish(app: Celery, messages: list[OutboxMessage], sends: tracing.Sends | 
     with app.producer_or_acquire() as producer:
         channel = producer.channel
         frames = []
-        for message in messages:
-            task_id = f"outbox-{message.outbox_id}"
-            argsrepr = repr([mask_key(message.key)])
+        for envelope in envelopes(messages):
+            message = envelope.first
+            task_id = envelope.task_id
+            args: list[Any]
+            if len(envelope.rows) == 1:
+                task_name, args = message.task_name, [message.key]
+                argsrepr = repr([mask_key(message.key)])
+            else:
+                task_name = PROCESS_KEYS_TASK
+                args = [[row.key for row in envelope.rows]]
+                argsrepr = repr([[mask_key(row.key) for row in envelope.rows]])
             kwargsrepr = repr({"correlation_id": message.correlation_id})
             task = app.amqp.as_task_v2(
                 task_id,
-                message.task_name,
-                args=[message.key],
+                task_name,
+                args=args,
                 kwargs={"correlation_id": message.correlation_id},
                 # What Flower and Celery's logs show: the masked key, never anything else.
                 argsrepr=argsrepr,

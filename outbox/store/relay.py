@@ -17,6 +17,9 @@ CLAIM_DUE_OUTBOX: TextClause = text(
     -- before marking leaves its rows to whichever relay comes after the lease (a second
     -- publish is harmless: the worker's claim refuses a finished or held key). With :traced
     -- (tracing on) each row brings its event's stored trace context; off, the lookup never runs.
+    -- A delivery's first row (created in the statement that created its key: at intake or a
+    -- backfill, never a retry, re-drive, replay or lane wake) names its event, so the relay
+    -- can carry an event's deliveries in one message.
     WITH due AS (
         SELECT id
           FROM outbox
@@ -38,7 +41,11 @@ CLAIM_DUE_OUTBOX: TextClause = text(
                                         JOIN events e ON e.idempotency_key
                                                        = COALESCE(k.event_key, k.idempotency_key)
                                        WHERE k.idempotency_key = o.idempotency_key)
-              END AS trace_context
+              END AS trace_context,
+              (SELECT k.event_key
+                 FROM idempotency_keys k
+                WHERE k.idempotency_key = o.idempotency_key
+                  AND k.created_at = o.created_at) AS event_key
     """
 )
 

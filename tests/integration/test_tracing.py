@@ -18,6 +18,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 
 from outbox.core import standard_webhooks
+from outbox.core.keys import delivery_key
 from outbox.core.wire import TASK_QUEUE
 from tests.support import (
     SIGNING_SECRET,
@@ -239,6 +240,30 @@ def test_one_trace_per_event_from_the_receiver_into_the_downstream(
         (continued,),
     )
     assert stored == [(f'{{"traceparent":"00-{caller_trace}-{continued_server.span_id}-01"}}',)]
+
+
+def test_a_fan_out_events_deliveries_share_one_send_and_each_attempt_joins_its_trace(
+    traced: Stack, collector: Collector, downstream: Downstream
+) -> None:
+    """A fan-out event's three deliveries travel in one message: one send span, and under it
+    each delivery's own process span (named after its destination) with its own client span,
+    all in the event's trace."""
+    traced.start_all()
+    event = _post(traced, envelope("fanned-1", event_type="billing.invoice_paid"))
+    names = ("books", "finance-flow", "notify")
+    keys = [delivery_key(event, name) for name in names]
+    for key in keys:
+        assert finished(traced, key)["status"] == "succeeded"
+    parents = [p for key in keys for p in _traceparents(downstream, key)]
+    assert len(parents) == 3
+    (trace_id,) = {p.split("-")[1] for p in parents}
+    spans = _complete(collector, trace_id, attempts=3, sends=1)
+    send = _one(spans, PRODUCER)
+    processes = [s for s in spans if s.kind == CONSUMER]
+    assert sorted(p.name for p in processes) == [f"process {name}" for name in names]
+    assert all(p.parent_id == send.span_id and p.links == (send.span_id,) for p in processes)
+    clients = [s for s in spans if s.kind == CLIENT]
+    assert sorted(c.parent_id for c in clients) == sorted(p.span_id for p in processes)
 
 
 def test_an_attempt_after_a_sweepers_redrive_joins_the_events_trace(

@@ -4,6 +4,7 @@ relay holds the due rows."""
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 from collections.abc import Iterator
@@ -14,13 +15,14 @@ import redis as redis_client
 from celery import Celery
 from sqlalchemy import Engine, event
 
+from outbox.core.keys import delivery_key
 from outbox.core.settings import Settings
-from outbox.core.wire import TASK_QUEUE
+from outbox.core.wire import PROCESS_KEYS_TASK, PROCESS_TASK, TASK_QUEUE
 from outbox.relay.loop import IDLE_FLOOR_SECONDS, publish_due_batch, run_relay
 from outbox.relay.publisher import OutboxMessage, create_publisher, publish
 from outbox.store import relay as queries
 from outbox.store.engines import create_relay_engine
-from tests.support import query
+from tests.support import query, seed_fan_out_event
 
 CLAIM_SECONDS = 30.0
 
@@ -153,6 +155,44 @@ def test_rows_of_a_relay_that_died_mid_publish_are_taken_after_its_lease(
     assert len(ids) == len(set(ids)) == 30
     assert _count(db, "published_at IS NULL") == 0
     assert query(db, "SELECT min(publish_attempts), max(publish_attempts) FROM outbox") == [(2, 2)]
+
+
+def _tasks(queue: redis_client.Redis[Any]) -> list[tuple[str, list[Any]]]:
+    """(task name, args) of each message in the queue, oldest first."""
+    frames = [json.loads(m) for m in reversed(queue.lrange(TASK_QUEUE, 0, -1))]
+    return [(f["headers"]["task"], json.loads(base64.b64decode(f["body"]))[0]) for f in frames]
+
+
+def test_an_events_deliveries_go_in_one_message_and_later_rows_alone(
+    own_database: str, engine: Engine, app: Celery, queue: redis_client.Redis[Any]
+) -> None:
+    """The first rows of an event's three deliveries, taken in one batch, are ONE
+    `idem.process_keys` message naming the three keys, every row marked published; a key
+    that is no delivery goes alone. Rows added later for the deliveries (a retry, a replay)
+    go as single-key messages, even two of one event in one batch."""
+    db = own_database
+    names = ("books", "finance-flow", "notify")
+    event = seed_fan_out_event(db, "inv-1", dict.fromkeys(names, "pending"), queued=True)
+    _fill(db, 1)
+    keys = [delivery_key(event, name) for name in names]
+
+    batch = publish_due_batch(engine, app, 500, CLAIM_SECONDS)
+
+    assert (batch.taken, batch.published) == (4, 4)
+    assert sorted(_tasks(queue)) == [(PROCESS_TASK, ["k-1"]), (PROCESS_KEYS_TASK, [keys])]
+    assert _count(db, "published_at IS NULL") == 0
+
+    queue.unlink(TASK_QUEUE)
+    query(
+        db,
+        "INSERT INTO outbox (idempotency_key, task_name, correlation_id)"
+        " SELECT idempotency_key, 'idem.process', correlation_id FROM idempotency_keys"
+        " WHERE idempotency_key = ANY(%(keys)s)",
+        {"keys": keys[:2]},
+    )
+    again = publish_due_batch(engine, app, 500, CLAIM_SECONDS)
+    assert (again.taken, again.published) == (2, 2)
+    assert sorted(_tasks(queue)) == [(PROCESS_TASK, [key]) for key in sorted(keys[:2])]
 
 
 class CountingWaiter:

@@ -16,7 +16,10 @@ import httpx
 import pytest
 
 from outbox.core.keys import delivery_key, mask_key
+from outbox.core.settings import Settings
+from outbox.core.wire import PROCESS_TASK
 from outbox.ingest.provider_signatures import sign_stripe
+from outbox.relay.publisher import OutboxMessage, create_publisher, publish
 from tests.support import (
     AUTH,
     PROVIDER_SECRETS,
@@ -377,3 +380,56 @@ def test_a_lane_is_per_destination(stack: Stack, downstream: Downstream) -> None
         " AND status = 'superseded'",
     )
     assert superseded == [(6 - len(applied),)]
+
+
+def test_an_events_deliveries_travel_in_one_message_and_its_copy_makes_no_second_effect(
+    stack: Stack, downstream: Downstream
+) -> None:
+    """The relay sends the three deliveries of an event as one `idem.process_keys` message; the
+    worker runs them at once (books' request waits for its siblings' to arrive, which they
+    could not if the attempts ran one after another), one effect each. A redelivered copy of
+    that message claims nothing and makes no second effect."""
+    siblings = {name: threading.Event() for name in DESTINATIONS[1:]}
+    waited: dict[str, bool] = {}
+
+    def behaviour(key: str, number: int) -> Reply:
+        name = key.rsplit(" @", 1)[-1]
+        if name == "books" and number == 1:
+            # Within the read timeout (1 s): a sequential worker never sends the others now.
+            waited["siblings"] = all(event.wait(0.8) for event in siblings.values())
+        elif name in siblings:
+            siblings[name].set()
+        return Reply(201)
+
+    downstream.behaviour = behaviour
+    accepted = _send(stack, "one-message")
+    assert accepted.status_code == 202, accepted.text
+    event_key = accepted.json()["key"]
+    _settled(stack, event_key, "succeeded")
+    assert waited == {"siblings": True}
+    assert _effects(downstream, event_key) == {**dict.fromkeys(DESTINATIONS, 1), "archive": 0}
+    keys = [delivery_key(event_key, name) for name in DESTINATIONS]
+    ids = query(
+        stack.database_url,
+        "SELECT id FROM outbox WHERE idempotency_key = ANY(%(keys)s) ORDER BY id",
+        {"keys": keys},
+    )
+    one_message = "idem.process_keys[outbox-" + "+".join(str(row[0]) for row in ids) + "]"
+    assert one_message in stack.logs("worker"), "no one message carried the three deliveries"
+
+    # The broker delivers the message again (a copy of it, as after a lost ack).
+    settings = Settings(database_url=stack.database_url, redis_url=stack.redis_url)
+    copy = [
+        OutboxMessage(900_000 + n, key, PROCESS_TASK, "corr-copy", None, event_key)
+        for n, key in enumerate(keys)
+    ]
+    publish(create_publisher(settings), copy, [])
+    task_id = "outbox-900000+900001+900002"
+    wait_until(
+        lambda: any(
+            task_id in line and "succeeded" in line for line in stack.logs("worker").splitlines()
+        )
+    )
+    assert _effects(downstream, event_key) == {**dict.fromkeys(DESTINATIONS, 1), "archive": 0}
+    with downstream.lock:
+        assert sum(1 for r in downstream.requests if r["key"] in keys) == 3

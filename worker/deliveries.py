@@ -1,0 +1,60 @@
+"""Several deliveries of one event in one task message (`PROCESS_KEYS_TASK`).
+
+The relay sends an event's deliveries taken in one batch as one message, so they share what
+each message costs the worker (its fetch from Redis, its ack). Nothing else is shared: each
+key runs its own attempt, exactly as a `PROCESS_TASK` message of that key would (its claim,
+fence, lease, outcome and span), each in a thread of its own, so a slow or hanging destination
+never holds its siblings back. The task ends when every attempt has ended, and reports the
+outcome that most needs an operator's eye (`report_all`).
+
+A redelivered copy of such a message is as harmless as a single one: each key's claim refuses a
+finished or held key.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from worker.task_state import DeadLettered, Finished, RetryScheduled
+
+
+def run_each(keys: Sequence[str], attempt: Callable[[str], Finished]) -> list[Finished]:
+    """Run `attempt(key)` for every key at once (the first in the calling thread), wait for all
+    and return their outcomes in the keys' order; an attempt's error is raised once every other
+    attempt has ended."""
+    outcomes: list[Finished | None] = [None] * len(keys)
+    errors: list[BaseException] = []
+
+    def one(index: int) -> None:
+        try:
+            outcomes[index] = attempt(keys[index])
+        except BaseException as error:  # raised in the task's thread, after the others
+            errors.append(error)
+
+    threads = [
+        threading.Thread(target=one, args=(index,), name=f"delivery-{index}", daemon=True)
+        for index in range(1, len(keys))
+    ]
+    for thread in threads:
+        thread.start()
+    if keys:
+        one(0)
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return [outcome for outcome in outcomes if outcome is not None]
+
+
+def report_all(outcomes: Sequence[Finished]) -> str:
+    """The task's state for several attempts: FAILURE (`DeadLettered`) if any ended in a dead
+    letter, else RETRY (`RetryScheduled`) if any scheduled a retry, each naming the error codes
+    of those attempts; else SUCCESS, returning the outcomes' names in the keys' order. As for one
+    key, only error codes leave the worker, and nothing is asked of Celery: each retry waits in
+    its own key's outbox row."""
+    for outcome, error in (("dead_letter", DeadLettered), ("retry", RetryScheduled)):
+        codes = sorted({f.error_code or "unknown" for f in outcomes if f == outcome})
+        if codes:
+            raise error(",".join(codes))
+    return ",".join(outcomes)
