@@ -1,7 +1,7 @@
 """`python -m bench.run --smoke` runs its sections and writes numeric JSON (speed not judged).
 
-`make test` runs the sections on the event path (ingest and repeats, end to end, the relay,
-provider webhooks); `make test-slow` runs every section, slow downstreams, growth, memory,
+`make test` runs the sections on the event path (ingest and repeats, end to end, the relay);
+`make test-slow` runs every section, provider webhooks, slow downstreams, growth, memory,
 ordered traffic and fan-out included (they fill and drain databases of their own, two minutes
 more).
 """
@@ -32,10 +32,10 @@ CHECKED = {
     "ordered": "9 ordered traffic",
     "fanout": "10 fan-out",
 }
-# The ordered, fan-out and slow-downstream sections run with every section (`make test-slow`);
-# lanes, fan-out and slow downstreams themselves are proven in `make test` by
-# tests/integration/worker/test_lanes.py, test_fan_out.py and test_partial_failure.py.
-EVENT_PATH = ("ingest", "duplicates", "e2e", "relay", "webhooks")
+# The webhooks, ordered, fan-out and slow-downstream sections run with every section (`make
+# test-slow`); what they drive is proven in `make test` by tests/integration/ingest/
+# test_provider_webhooks.py and worker/test_lanes.py, test_fan_out.py, test_partial_failure.py.
+EVENT_PATH = ("ingest", "duplicates", "e2e", "relay")
 
 
 def _numbers(value: Any) -> list[float]:
