@@ -1,8 +1,10 @@
 """`python -m bench.run --smoke` runs its sections and writes numeric JSON (speed not judged).
 
 `make test` runs the sections on the event path (ingest and repeats, end to end, the relay,
-provider webhooks); `make test-slow` runs every section, slow downstreams, growth, memory and
-ordered traffic included (they fill and drain databases of their own, a minute more).
+provider webhooks); `make test-slow` runs every section, slow downstreams, growth, memory,
+ordered traffic and the peers included (they fill and drain databases of their own, two or
+three minutes more; the peers need the bench's `peers` extra, which `make test-slow`
+installs).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ CHECKED = {
     "webhooks": "7 webhooks",
     "slow": "8 slow downstream",
     "ordered": "9 ordered traffic",
+    "peers": "10 peers",
 }
 # The ordered and slow-downstream sections run with every section (`make test-slow`); lanes
 # are proven by tests/integration/worker/test_lanes.py, slow downstreams by
@@ -48,7 +51,7 @@ def _numbers(value: Any) -> list[float]:
     return []
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(620)
 @pytest.mark.parametrize(
     "sections",
     [
@@ -76,7 +79,7 @@ def test_bench_smoke_writes_its_sections(
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=600,
         check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
