@@ -1,0 +1,111 @@
+"""`python -m bench.flames [--seconds 25] [--out docs/images]`: a flame graph per process of the
+end-to-end pipeline under the end-to-end section's noop load, and of the naive pipeline's
+worker beside it, sampled with py-spy (the `profile` extra; `make bench` installs it; py-spy
+needs ptrace, which root has).
+
+The gateway as section 3 runs it (receiver, relay, worker with its default pool and
+concurrency, noop routes, no sweeper) under closed-loop load at 64 connections: the receiver,
+the relay and the worker (with its pool processes, if any) are sampled at once for `--seconds`.
+Then the naive pipeline (bench/naive.py, the same pool and concurrency) under the same load:
+its worker and its endpoint. Writes `flame-<process>.svg` into `--out` (bench/flame_svg.py)
+and the collapsed stacks beside the JSON results, and prints for each process where its samples
+are (bench/profile.py's summary), in ms per unit of work done while sampling: requests the
+receiver accepted, rows the relay published, events the worker finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from bench.flame_svg import render
+from bench.infra import DEFAULT_ADMIN_URL, WorkerShape, noop_stack, scalar
+from bench.load import Spec, generate
+from bench.naive import NAIVE_DB, TIMES
+from bench.profile import RESULTS, py_spy, summarize
+
+RATE_HZ = 100
+# What each sampled process did while sampled, counted in the database or Redis.
+UNITS = {
+    "receiver": "SELECT count(*) FROM idempotency_keys",
+    "relay": "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
+    "worker": "SELECT count(*) FROM idempotency_keys WHERE status = 'succeeded'",
+}
+
+
+def sample(pids: dict[str, int], seconds: float, raw_dir: Path) -> dict[str, Path]:
+    """py-spy on every process at once (raw collapsed stacks, idle threads left out)."""
+    running = {}
+    for name, pid in pids.items():
+        out = raw_dir / f"flame-{name}.txt"
+        command = [py_spy(), "record", "--pid", str(pid), "--duration", str(int(seconds))]
+        command += ["--rate", str(RATE_HZ), "--format", "raw", "--output", str(out)]
+        command += ["--nonblocking", "--subprocesses"]
+        running[name] = (subprocess.Popen(command, stdout=subprocess.DEVNULL), out)
+    for name, (process, _) in running.items():
+        if process.wait(timeout=seconds + 60) != 0:
+            raise RuntimeError(f"py-spy failed on {name}")
+    return {name: out for name, (_, out) in running.items()}
+
+
+def under_load(url: str, mode: str, seconds: float) -> threading.Thread:
+    """Closed-loop load at 64 connections for the sampling window and a little either side."""
+    spec = Spec(url=url, mode=mode, concurrency=64, duration=seconds + 4)
+    thread = threading.Thread(target=generate, args=(spec, seconds * 4 + 120), daemon=True)
+    thread.start()
+    time.sleep(2)
+    return thread
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.flames", description=__doc__)
+    parser.add_argument("--seconds", type=float, default=25.0)
+    parser.add_argument("--admin-url", default=DEFAULT_ADMIN_URL)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    pool, concurrency = WorkerShape().resolved()
+    reports: list[str] = []
+    with noop_stack(args.admin_url, "flames") as (procs, redis_server):
+        receiver = procs.start_receiver()
+        procs.start_relay()
+        procs.start_worker(concurrency=concurrency, pool=pool)
+        naive = procs.start_naive()
+        procs.start_naive_worker(concurrency=concurrency, pool=pool)
+        procs.ready()
+        generate(Spec(url=receiver, concurrency=64, duration=3))
+        generate(Spec(url=naive, mode="naive", concurrency=64, duration=3))
+
+        url = procs.database_url
+        load = under_load(receiver, "events", args.seconds)
+        before = {name: int(scalar(url, sql)) for name, sql in UNITS.items()}
+        raws = sample({n: procs.pid(n) for n in UNITS}, args.seconds, RESULTS)
+        units = {name: int(scalar(url, sql)) - before[name] for name, sql in UNITS.items()}
+        load.join()
+
+        redis_naive = redis_server.client(NAIVE_DB)
+        load = under_load(naive, "naive", args.seconds)
+        naive_before = int(redis_naive.llen(TIMES))
+        raws.update(
+            sample({n: procs.pid(n) for n in ("naive-worker", "naive")}, args.seconds, RESULTS)
+        )
+        units["naive-worker"] = units["naive"] = int(redis_naive.llen(TIMES)) - naive_before
+        load.join()
+    for name, raw in raws.items():
+        title = f"{name}, {pool} x {concurrency}, noop, 64 connections, {args.seconds:.0f} s"
+        svg = args.out / f"flame-{name}.svg"
+        svg.write_text(render(raw.read_text(), title), encoding="utf-8")
+        reports.append(
+            f"=== {name}: {units[name]} units in {args.seconds:.0f} s; {svg}\n"
+            + summarize(raw, units=units[name], rate_hz=RATE_HZ)
+        )
+    print("\n\n".join(reports))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
