@@ -9,8 +9,12 @@ the relay and the worker (with its pool processes, if any) are sampled at once f
 Then the naive pipeline (bench/naive.py, the same pool and concurrency) under the same load:
 its worker and its endpoint. Writes `flame-<process>.svg` into `--out` (bench/flame_svg.py)
 and the collapsed stacks beside the JSON results, and prints for each process where its samples
-are (bench/profile.py's summary), in ms per unit of work done while sampling: requests the
-receiver accepted, rows the relay published, events the worker finished.
+are (bench/profile.py's summary), in ms per unit of work done while sampling (requests the
+receiver accepted, rows the relay published, events the worker finished), beside the CPU
+time per unit /proc counted meanwhile. py-spy counts a thread that runs or waits for a core
+(runnable) alike, so on a busy machine its ms per unit exceed the CPU time and waits for a
+core land on the frame after a wait (a socket read's return): read the shares on a quiet
+machine, and the /proc figure as the CPU.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from bench.flame_svg import render
 from bench.infra import DEFAULT_ADMIN_URL, WorkerShape, noop_stack, scalar
 from bench.load import Spec, generate
 from bench.naive import NAIVE_DB, TIMES
+from bench.procfs import tree_cpu_seconds
 from bench.profile import RESULTS, py_spy, summarize
 
 RATE_HZ = 100
@@ -36,8 +41,12 @@ UNITS = {
 }
 
 
-def sample(pids: dict[str, int], seconds: float, raw_dir: Path) -> dict[str, Path]:
-    """py-spy on every process at once (raw collapsed stacks, idle threads left out)."""
+def sample(
+    pids: dict[str, int], seconds: float, raw_dir: Path, cpu: dict[str, float]
+) -> dict[str, Path]:
+    """py-spy on every process at once (raw collapsed stacks, idle threads left out); the CPU
+    seconds each process (with its children) used meanwhile, from /proc, into `cpu`."""
+    before = {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
     running = {}
     for name, pid in pids.items():
         out = raw_dir / f"flame-{name}.txt"
@@ -48,6 +57,7 @@ def sample(pids: dict[str, int], seconds: float, raw_dir: Path) -> dict[str, Pat
     for name, (process, _) in running.items():
         if process.wait(timeout=seconds + 60) != 0:
             raise RuntimeError(f"py-spy failed on {name}")
+    cpu.update({name: tree_cpu_seconds(pid) - before[name] for name, pid in pids.items()})
     return {name: out for name, (_, out) in running.items()}
 
 
@@ -83,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         url = procs.database_url
         load = under_load(receiver, "events", args.seconds)
         before = {name: int(scalar(url, sql)) for name, sql in UNITS.items()}
-        raws = sample({n: procs.pid(n) for n in UNITS}, args.seconds, RESULTS)
+        cpu: dict[str, float] = {}
+        raws = sample({n: procs.pid(n) for n in UNITS}, args.seconds, RESULTS, cpu)
         units = {name: int(scalar(url, sql)) - before[name] for name, sql in UNITS.items()}
         load.join()
 
@@ -91,16 +102,21 @@ def main(argv: list[str] | None = None) -> int:
         load = under_load(naive, "naive", args.seconds)
         naive_before = int(redis_naive.llen(TIMES))
         raws.update(
-            sample({n: procs.pid(n) for n in ("naive-worker", "naive")}, args.seconds, RESULTS)
+            sample({n: procs.pid(n) for n in ("naive-worker", "naive")}, args.seconds, RESULTS, cpu)
         )
         units["naive-worker"] = units["naive"] = int(redis_naive.llen(TIMES)) - naive_before
         load.join()
     for name, raw in raws.items():
-        title = f"{name}, {pool} x {concurrency}, noop, 64 connections, {args.seconds:.0f} s"
+        title = (
+            f"{name}: noop events at 64 connections, worker {pool} x {concurrency}, "
+            f"{args.seconds:.0f} s at {RATE_HZ} Hz"
+        )
         svg = args.out / f"flame-{name}.svg"
         svg.write_text(render(raw.read_text(), title), encoding="utf-8")
+        per_unit = 1000 * cpu[name] / max(units[name], 1)
         reports.append(
-            f"=== {name}: {units[name]} units in {args.seconds:.0f} s; {svg}\n"
+            f"=== {name}: {units[name]} units in {args.seconds:.0f} s, CPU (/proc) "
+            f"{per_unit:.3f} ms per unit; {svg}\n"
             + summarize(raw, units=units[name], rate_hz=RATE_HZ)
         )
     print("\n\n".join(reports))
