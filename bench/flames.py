@@ -8,8 +8,9 @@ concurrency, noop routes, no sweeper) under closed-loop load at 64 connections: 
 the relay and the worker (with its pool processes, if any) are sampled at once for `--seconds`.
 Then the naive pipeline (bench/naive.py, the same pool and concurrency) under the same load:
 its worker and its endpoint. Writes `flame-<process>.svg` into `--out` (bench/flame_svg.py)
-and the collapsed stacks beside the JSON results, and prints for each process where its samples
-are (bench/profile.py's summary), in ms per unit of work done while sampling (requests the
+and the collapsed stacks beside the JSON results, and prints for each process its samples by
+role (ROLES: the claim, the action, Celery's consumer loop ...) and where they are
+(bench/profile.py's summary), in ms per unit of work done while sampling (requests the
 receiver accepted, rows the relay published, events the worker finished), beside the CPU
 time per unit /proc counted meanwhile. py-spy counts a thread that runs or waits for a core
 (runnable) alike, so on a busy machine its ms per unit exceed the CPU time and waits for a
@@ -23,6 +24,7 @@ import argparse
 import subprocess
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from bench.flame_svg import render
@@ -33,6 +35,47 @@ from bench.procfs import tree_cpu_seconds
 from bench.profile import RESULTS, py_spy, summarize
 
 RATE_HZ = 100
+# Where each process's samples go by the work they belong to: a sample counts for the first
+# role one of whose frames (a substring) is on its stack; the rest is "other".
+ROLES: dict[str, list[tuple[str, tuple[str, ...]]]] = {
+    "receiver": [
+        (
+            "the statement (SQLAlchemy, psycopg, the round trip)",
+            ("create_app.<locals>.database", "sqlalchemy/", "psycopg/"),
+        ),
+        ("intake around it (validation, key, hashes)", ("accept (outbox/ingest/intake.py",)),
+        ("the answer", ("respond (outbox/ingest/answers.py",)),
+        ("reading and parsing the body", ("read_body (outbox/", "_parse_envelope (outbox/")),
+        ("the rest of the request in our code", ("Receiver.__call__ (outbox/",)),
+        ("HTTP server and event loop outside a request", ("uvicorn/", "asyncio/")),
+    ],
+    "relay": [
+        ("publishing to Redis (kombu, redis-py)", ("publish (outbox/relay/publisher.py",)),
+        ("claiming due rows (SQL)", ("publish_due_batch (outbox/relay/loop.py",)),
+        ("the next due time (SQL)", ("seconds_until_next_due (outbox/",)),
+        ("waiting for a notification", ("Listener.wait (outbox/",)),
+    ],
+    "worker": [
+        ("attempt: the claim (SQL)", ("KeyStore.claim (worker/",)),
+        ("attempt: recording the outcome (SQL)", ("_record (worker/attempt.py",)),
+        ("attempt: the action (noop) and its thread", ("_act (worker/", "_start (worker/")),
+        ("attempt: the rest (logging, metrics, guard)", ("run_attempt (worker/",)),
+        ("the lease keeper thread", ("worker/lease.py",)),
+        ("Celery in the pool thread, around the task", ("concurrent/futures/thread.py",)),
+        ("Celery's consumer loop (messages in, acks)", ("asynloop (celery/",)),
+        ("the metrics endpoint's thread (idle polls)", ("serve_forever (socketserver",)),
+    ],
+    "naive-worker": [
+        ("the task (INCR, RPUSH)", ("noop (bench/naive.py",)),
+        ("Celery in the pool thread, around the task", ("concurrent/futures/thread.py",)),
+        ("Celery's consumer loop (messages in, acks)", ("asynloop (celery/",)),
+    ],
+    "naive": [
+        ("send_task (Celery, kombu, redis-py)", ("Celery.send_task (celery/",)),
+        ("the rest of the request", ("NaiveEndpoint.__call__ (bench/",)),
+        ("HTTP server and event loop outside a request", ("uvicorn/", "asyncio/")),
+    ],
+}
 # What each sampled process did while sampled, counted in the database or Redis.
 UNITS = {
     "receiver": "SELECT count(*) FROM idempotency_keys",
@@ -59,6 +102,25 @@ def sample(
             raise RuntimeError(f"py-spy failed on {name}")
     cpu.update({name: tree_cpu_seconds(pid) - before[name] for name, pid in pids.items()})
     return {name: out for name, (_, out) in running.items()}
+
+
+def roles(raw: Path, name: str, units: int, cpu_seconds: float) -> str:
+    """The process's samples by role (ROLES), each share also as CPU ms per unit (the share
+    of the CPU time /proc counted)."""
+    found: Counter[str] = Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        label = next(
+            (label for label, marks in ROLES.get(name, []) if any(m in stack for m in marks)),
+            "other" if " (" in stack else "no Python frame (native code, GIL hand-over)",
+        )
+        found[label] += int(count)
+    total = max(sum(found.values()), 1)
+    lines = ["-- by role (share of samples; of the /proc CPU, ms per unit) --"]
+    for label, count in found.most_common():
+        ms = 1000 * cpu_seconds * count / total / max(units, 1)
+        lines.append(f"{100 * count / total:5.1f} %  {ms:6.3f} ms  {label}")
+    return "\n".join(lines)
 
 
 def under_load(url: str, mode: str, seconds: float) -> threading.Thread:
@@ -117,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         reports.append(
             f"=== {name}: {units[name]} units in {args.seconds:.0f} s, CPU (/proc) "
             f"{per_unit:.3f} ms per unit; {svg}\n"
+            + roles(raw, name, units[name], cpu[name])
+            + "\n"
             + summarize(raw, units=units[name], rate_hz=RATE_HZ)
         )
     print("\n\n".join(reports))
