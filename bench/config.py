@@ -38,6 +38,11 @@ class Profile:
     slow_seconds: float
     slow_min_events: int
     slow_runs: int
+    # Peers: events per closed-loop run with a noop action and with a 100 ms downstream, and
+    # rounds (every design once a round, the order rotating).
+    peers_events: int = 1500
+    peers_slow_events: int = 1000
+    peers_runs: int = 3
     # The downstream's answer times measured (seconds).
     slow_delays: tuple[float, ...] = (0.1, 1.0)
     # Fan-out: the downstreams' answer times (0: a noop action); the noop one runs `e2e_runs`
@@ -91,6 +96,9 @@ SMOKE = Profile(
     slow_seconds=0.25,
     slow_min_events=8,
     slow_runs=1,
+    peers_events=40,
+    peers_slow_events=30,
+    peers_runs=1,
     slow_delays=(0.1,),
     fanout_delays=(0.0,),
 )

@@ -113,6 +113,13 @@ class Databases:
         self.names.append(name)
         return database_url(self.admin_url, name)
 
+    def create_empty(self, label: str) -> str:
+        """A fresh database without the gateway's schema (a peer's); its SQLAlchemy URL."""
+        name = f"{self.prefix}_{label}"
+        self._admin(f'CREATE DATABASE "{name}"')
+        self.names.append(name)
+        return database_url(self.admin_url, name)
+
     def drop(self, url: str) -> None:
         name = url.partition("?")[0].rsplit("/", 1)[1]
         self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -252,6 +259,26 @@ class Processes:
         self.spawn(name, ["-m", "bench.naive", "worker", *args])
         self._waits[name] = lambda: self._wait_pool(name, concurrency if pool == "prefork" else 0)
 
+    def start_peer(self, name: str, module: str, concurrency: int, downstream: str = "") -> str:
+        """A peer pipeline (bench/peer_*.py) on this database: its schema installed, then its
+        endpoint `name` and its worker `name`-worker started; the endpoint's URL."""
+        subprocess.run(
+            [sys.executable, "-m", module, "install"],
+            env=self.env(),
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        port = self.ports[name] = free_port()
+        self.spawn(name, ["-m", module, "serve", "--port", str(port)])
+        self._waits[name] = lambda: self._wait_port(name)
+        worker = f"{name}-worker"
+        args = ["--concurrency", str(concurrency), "--downstream", downstream]
+        self.spawn(worker, ["-m", module, "worker", *args])
+        self._waits[worker] = lambda: self._wait_log(worker, "peer worker ready")
+        return self.url(name)
+
     def start_downstream(self, delay: float, name: str = "downstream") -> str:
         """The fake downstream (bench.downstream), answering after `delay` seconds."""
         port = self.ports[name] = free_port()
@@ -321,6 +348,29 @@ def scratch_dir(keep: bool = False) -> Iterator[Path]:
     finally:
         if not keep:
             shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def noop_stack(
+    admin_url: str, label: str, routes_text: str | None = None
+) -> Iterator[tuple[Processes, RedisServer]]:
+    """A database, a Redis and noop routes (or `routes_text`) in a scratch folder, for a tool
+    that starts the gateway's processes itself (bench.profile, bench.flames); all stopped and
+    dropped after."""
+    dbs = Databases(admin_url)
+    try:
+        with scratch_dir() as work:
+            redis_server = RedisServer.start(work / "redis")
+            routes = work / "routes.toml"
+            routes.write_text(routes_text or NOOP_ROUTES, encoding="utf-8")
+            procs = Processes(dbs.create(label), redis_server.url, work, routes)
+            try:
+                yield procs, redis_server
+            finally:
+                procs.stop_all()
+                redis_server.stop()
+    finally:
+        dbs.drop_all()
 
 
 def reachable(host: str, port: int) -> bool:

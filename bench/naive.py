@@ -16,7 +16,6 @@ REDIS_URL names the broker; the queue, counter and list live in Redis database N
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -25,7 +24,7 @@ from typing import Any
 
 import redis
 
-from bench.asgi import Receive, Scope, Send, answer_lifespan
+from bench.asgi import Receive, Scope, Send, answer, posted, serve
 
 QUEUE = "naive"
 TASK = "bench.naive"
@@ -71,46 +70,17 @@ class NaiveEndpoint:
         self.app = celery_app("naive-endpoint")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await answer_lifespan(receive, send)
+        document = await posted(scope, receive, send)
+        if document is None:
             return
-        chunks = []
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        document = json.loads(b"".join(chunks))
         accepted = time.time()
         # Directly from the request, as a naive design does: blocking send, no outbox.
         self.app.send_task(TASK, args=[str(document["external_id"]), accepted])
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 202,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": b'{"status":"queued"}'})
+        await answer(send, 202, b'{"status":"queued"}')
 
 
 def create_app() -> NaiveEndpoint:
     return NaiveEndpoint()
-
-
-def serve(port: int) -> None:
-    import uvicorn
-
-    uvicorn.run(
-        "bench.naive:create_app",
-        factory=True,
-        host="127.0.0.1",
-        port=port,
-        workers=1,
-        log_config=None,
-        access_log=False,
-        server_header=False,
-    )
 
 
 def worker(concurrency: int, pool: str = "prefork", downstream: str = "") -> None:
@@ -167,7 +137,7 @@ def main() -> None:
     parser.add_argument("--downstream", default="")
     args = parser.parse_args()
     if args.role == "serve":
-        serve(args.port)
+        serve("bench.naive:create_app", args.port)
     else:
         worker(args.concurrency, args.pool, args.downstream)
 

@@ -3,8 +3,7 @@ time goes under load, sampled with py-spy (in .venv).
 
 receiver: `idem serve` under closed-loop ingest at 64 connections (noop routes).
 ceiling: the bench's bare uvicorn handler doing the same INSERTs, under the same load.
-worker: the Celery worker (its pool processes, if prefork) while receiver + relay + worker run
-end to end.
+worker: the Celery worker's pool processes while receiver + relay + worker run end to end.
 `--fan-out N`: the events' route fans out to N noop destinations (section 10's shape), so each
 event is N deliveries; a worker's units are then deliveries.
 
@@ -23,16 +22,7 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-from bench.infra import (
-    DEFAULT_ADMIN_URL,
-    NOOP_ROUTES,
-    Databases,
-    Processes,
-    RedisServer,
-    scalar,
-    worker_pool_default,
-)
-from bench.infra import scratch_dir as scratch
+from bench.infra import DEFAULT_ADMIN_URL, noop_stack, scalar, worker_pool_default
 from bench.load import Result, Spec, generate
 from bench.procfs import children
 
@@ -114,6 +104,7 @@ def summarize(raw: Path, top: int = 15, units: int = 0, rate_hz: int = RATE_HZ) 
     the innermost frame (own time), and our own functions anywhere on the stack (inclusive).
     With `units` (requests or events handled while sampling), also milliseconds per unit."""
     layers: Counter[str] = Counter()
+    anywhere: Counter[str] = Counter()
     own: Counter[str] = Counter()
     ours: Counter[str] = Counter()
     processes: Counter[str] = Counter()
@@ -131,6 +122,8 @@ def summarize(raw: Path, top: int = 15, units: int = 0, rate_hz: int = RATE_HZ) 
             continue
         own[frames[-1]] += count
         layers[layer(frames[-1])] += count
+        for name in {layer(frame) for frame in frames}:
+            anywhere[name] += count
         for frame in set(frames):
             if layer(frame).endswith("(this project)"):
                 ours[frame] += count
@@ -147,6 +140,11 @@ def summarize(raw: Path, top: int = 15, units: int = 0, rate_hz: int = RATE_HZ) 
     sections = (
         ("by process", processes, 2),
         ("own time by layer", layers, len(layers)),
+        (
+            "by layer anywhere on the stack (inclusive; a sample counts once per layer)",
+            anywhere,
+            len(anywhere),
+        ),
         (f"top {top} functions by own time", own, top),
         ("this project's functions, inclusive", ours, top),
     )
@@ -161,10 +159,10 @@ def succeeded(url: str) -> int:
     return int(scalar(url, "SELECT count(*) FROM idempotency_keys WHERE status = 'succeeded'"))
 
 
-def fan_out_routes(destinations: int) -> str:
-    """Every event fanned out to `destinations` noop destinations (none: '')."""
+def fan_out_routes(destinations: int) -> str | None:
+    """Every event fanned out to `destinations` noop destinations (none: None, noop routes)."""
     if destinations <= 0:
-        return ""
+        return None
     names = [f"d{n}" for n in range(1, destinations + 1)]
     listed = ", ".join(f'"{name}"' for name in names)
     tables = [f'[[routes]]\nmatch = "*"\nname = "fanout"\nfan_out = [{listed}]\n']
@@ -188,61 +186,43 @@ def main(argv: list[str] | None = None) -> int:
         print(summarize(args.summarize))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    dbs = Databases(args.admin_url)
-    try:
-        with scratch() as work:
-            redis_server = RedisServer.start(work / "redis")
-            routes = work / "routes.toml"
-            routes.write_text(fan_out_routes(args.fan_out) or NOOP_ROUTES, encoding="utf-8")
-            procs = Processes(dbs.create("profile"), redis_server.url, work, routes)
-            try:
-                url = procs.start_receiver()
-                if args.target == "ceiling":
-                    url = procs.start_ceiling()
-                if args.target == "worker":
-                    procs.start_relay()
-                    procs.start_worker(concurrency=2)
-                procs.ready()
-                generate(Spec(url=url, concurrency=args.concurrency, duration=3))
-                pid = procs.pid(args.target)
-                if args.target == "worker":
-                    pid = procs.pid("worker")
-                    if worker_pool_default() == "prefork":
-                        assert children(pid), "the worker has no pool processes"
-                results: list[Result] = []
-                load = threading.Thread(
-                    target=lambda: results.append(
-                        generate(
-                            Spec(url=url, concurrency=args.concurrency, duration=args.seconds + 2)
-                        )
-                    )
-                )
-                done_before = succeeded(procs.database_url)
-                load.start()
-                svg = args.out / f"profile-{args.target}.svg"
-                raw = args.out / f"profile-{args.target}.txt"
-                subprocesses = args.target == "worker"
-                record(pid, args.seconds, raw, "raw", subprocesses)
-                done_during = succeeded(procs.database_url) - done_before
-                load.join()
-                # Requests answered (receiver, ceiling) or events finished (worker) meanwhile.
-                units = (
-                    done_during
-                    if args.target == "worker"
-                    else round(results[0].rate * args.seconds)
-                )
-                # A second, shorter pass for the picture (py-spy writes one format at a time).
-                load = threading.Thread(
-                    target=generate, args=(Spec(url=url, concurrency=args.concurrency, duration=5),)
-                )
-                load.start()
-                record(pid, 4, svg, "flamegraph", subprocesses)
-                load.join()
-            finally:
-                procs.stop_all()
-                redis_server.stop()
-    finally:
-        dbs.drop_all()
+    with noop_stack(args.admin_url, "profile", fan_out_routes(args.fan_out)) as (procs, _):
+        url = procs.start_receiver()
+        if args.target == "ceiling":
+            url = procs.start_ceiling()
+        if args.target == "worker":
+            procs.start_relay()
+            procs.start_worker(concurrency=2)
+        procs.ready()
+        generate(Spec(url=url, concurrency=args.concurrency, duration=3))
+        pid = procs.pid(args.target)
+        if args.target == "worker":
+            pid = procs.pid("worker")
+            if worker_pool_default() == "prefork":
+                assert children(pid), "the worker has no pool processes"
+        results: list[Result] = []
+        load = threading.Thread(
+            target=lambda: results.append(
+                generate(Spec(url=url, concurrency=args.concurrency, duration=args.seconds + 2))
+            )
+        )
+        done_before = succeeded(procs.database_url)
+        load.start()
+        svg = args.out / f"profile-{args.target}.svg"
+        raw = args.out / f"profile-{args.target}.txt"
+        subprocesses = args.target == "worker"
+        record(pid, args.seconds, raw, "raw", subprocesses)
+        done_during = succeeded(procs.database_url) - done_before
+        load.join()
+        # Requests answered (receiver, ceiling) or events finished (worker) meanwhile.
+        units = done_during if args.target == "worker" else round(results[0].rate * args.seconds)
+        # A second, shorter pass for the picture (py-spy writes one format at a time).
+        load = threading.Thread(
+            target=generate, args=(Spec(url=url, concurrency=args.concurrency, duration=5),)
+        )
+        load.start()
+        record(pid, 4, svg, "flamegraph", subprocesses)
+        load.join()
     print(summarize(raw, units=units))
     print(f"\nflame graph: {svg}\ncollapsed stacks: {raw}")
     return 0

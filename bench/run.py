@@ -19,7 +19,7 @@ from typing import Any
 
 from rich.console import Console
 
-from bench import drain, fanout, growth, ingest, memory, ordered, pipeline, slow, webhooks
+from bench import drain, fanout, growth, ingest, memory, ordered, peers, pipeline, slow, webhooks
 from bench.config import FULL, SMOKE, Profile
 from bench.context import Bench
 from bench.infra import (
@@ -31,6 +31,7 @@ from bench.infra import (
     scratch_dir,
 )
 from bench.machine import facts
+from bench.peer_report import peers_table
 from bench.report import Check, checks_json, print_report, write_json
 
 SECTIONS = (
@@ -44,6 +45,7 @@ SECTIONS = (
     "slow",
     "ordered",
     "fanout",
+    "peers",
 )
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 
@@ -203,6 +205,13 @@ def main(argv: list[str] | None = None) -> int:
                         checks.extend(found)
 
                     section("fanout", do_fanout)
+                if "peers" in wanted:
+
+                    def do_peers() -> None:
+                        document["peers"], found = peers.run(bench)
+                        checks.extend(found)
+
+                    section("peers", do_peers)
             finally:
                 redis_server.stop()
     finally:
@@ -216,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{document['seconds']:.0f} s"
     )
     print_report(console, document.get("machine", {}), checks, title)
+    if document.get("peers"):
+        console.print(peers_table(document["peers"]))
     write_json(args.json, document)
     console.print(f"JSON: {args.json}")
     return 1 if failed else 0

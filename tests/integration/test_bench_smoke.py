@@ -2,8 +2,9 @@
 
 `make test` runs the sections on the event path (ingest and repeats, end to end, the relay);
 `make test-slow` runs every section, provider webhooks, slow downstreams, growth, memory,
-ordered traffic and fan-out included (they fill and drain databases of their own, two minutes
-more).
+ordered traffic, fan-out and the peers included (they fill and drain databases of their own,
+three or four minutes more; the peers need the bench's `peers` extra, which `make test-slow`
+installs).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ CHECKED = {
     "slow": "8 slow downstream",
     "ordered": "9 ordered traffic",
     "fanout": "10 fan-out",
+    "peers": "11 peers",
 }
 # The webhooks, ordered, fan-out and slow-downstream sections run with every section (`make
 # test-slow`); what they drive is proven in `make test` by tests/integration/ingest/
@@ -50,7 +52,7 @@ def _numbers(value: Any) -> list[float]:
     return []
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(620)
 @pytest.mark.parametrize(
     "sections",
     [
@@ -78,7 +80,7 @@ def test_bench_smoke_writes_its_sections(
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=600,
         check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
