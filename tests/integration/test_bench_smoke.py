@@ -1,7 +1,8 @@
 """`python -m bench.run --smoke` runs its sections and writes numeric JSON (speed not judged).
 
-`make test` runs the sections on the event path (ingest and repeats, end to end, the relay);
-`make test-slow` runs every section, provider webhooks, slow downstreams, growth, memory,
+`make test` runs the sections on the event path (ingest and repeats, end to end); `make
+test-slow` runs every section, the relay's drain, provider webhooks, slow downstreams, growth,
+memory,
 ordered traffic, fan-out and the peers included (they fill and drain databases of their own,
 three or four minutes more; the peers need the bench's `peers` extra, which `make test-slow`
 installs).
@@ -37,7 +38,7 @@ CHECKED = {
 # The webhooks, ordered, fan-out and slow-downstream sections run with every section (`make
 # test-slow`); what they drive is proven in `make test` by tests/integration/ingest/
 # test_provider_webhooks.py and worker/test_lanes.py, test_fan_out.py, test_partial_failure.py.
-EVENT_PATH = ("ingest", "duplicates", "e2e", "relay")
+EVENT_PATH = ("ingest", "duplicates", "e2e")
 
 
 def _numbers(value: Any) -> list[float]:
