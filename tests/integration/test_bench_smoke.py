@@ -2,10 +2,9 @@
 
 `make test` runs the sections on the event path (ingest and repeats, end to end); `make
 test-slow` runs every section, the relay's drain, provider webhooks, slow downstreams, growth,
-memory,
-ordered traffic, fan-out and the peers included (they fill and drain databases of their own,
-three or four minutes more; the peers need the bench's `peers` extra, which `make test-slow`
-installs).
+memory, ordered traffic, fan-out and the peers included (they fill and drain databases of their
+own, three or four minutes more; the peers need the bench's `peers` extra, which `make
+test-slow` installs).
 """
 
 from __future__ import annotations
