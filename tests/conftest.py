@@ -183,3 +183,18 @@ def private_stack(
     stack = Stack(own_database, own_redis, routes_file, tmp_path)
     yield stack
     stack.stop_all()
+
+
+@pytest.fixture
+def fresh_database(pg_admin_url: str) -> Iterator[str]:
+    """An empty database of this test's own, for migrating step by step."""
+    name = f"idem_test_{uuid.uuid4().hex[:10]}_migrate"
+    with psycopg.connect(libpq(pg_admin_url), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base, _, query_string = pg_admin_url.partition("?")
+    url = base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query_string}" if query_string else "")
+    try:
+        yield url
+    finally:
+        with psycopg.connect(libpq(pg_admin_url), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -4,7 +4,6 @@ namespace, their rows follow, and a repeat sent as before is still a repeat."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,21 +46,6 @@ AWKWARD_SOURCES = [
     "a\tb",
 ]
 AWKWARD_KEYS = ["o-77", "billing:o-77", "my-app:o-1", "my-app:t.x:" + "b" * 64, "~", ":"]
-
-
-@pytest.fixture
-def fresh_database(pg_admin_url: str) -> Iterator[str]:
-    """An empty database of this test's own, for migrating step by step."""
-    name = f"idem_test_{uuid.uuid4().hex[:10]}_migrate"
-    with psycopg.connect(libpq(pg_admin_url), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    base, _, query_string = pg_admin_url.partition("?")
-    url = base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query_string}" if query_string else "")
-    try:
-        yield url
-    finally:
-        with psycopg.connect(libpq(pg_admin_url), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="module")

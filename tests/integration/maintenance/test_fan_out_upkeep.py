@@ -4,9 +4,6 @@ they were, and its downgrade takes fan-out events with their deliveries."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-
 import psycopg
 import pytest
 from alembic import command
@@ -17,7 +14,7 @@ from outbox.core.settings import Settings
 from outbox.maintenance.purge import purge
 from outbox.store.engines import create_sync_engine
 from outbox.store.migrate import alembic_config, upgrade
-from tests.support import libpq, query
+from tests.support import query
 
 EVENT = "billing-app:billing.invoice_paid:" + "e" * 64
 
@@ -105,21 +102,6 @@ def test_an_event_with_a_delivery_on_its_way_is_kept(db: str) -> None:
     assert _purge(db) == 1
     assert _keys(db) == {EVENT, delivery_key(EVENT, "notify")}
     assert query(db, "SELECT count(*) FROM events") == [(1,)]
-
-
-@pytest.fixture
-def fresh_database(pg_admin_url: str) -> Iterator[str]:
-    """An empty database of this test's own, for migrating step by step."""
-    name = f"idem_test_{uuid.uuid4().hex[:10]}_fanout"
-    with psycopg.connect(libpq(pg_admin_url), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    base, _, query_string = pg_admin_url.partition("?")
-    url = base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query_string}" if query_string else "")
-    try:
-        yield url
-    finally:
-        with psycopg.connect(libpq(pg_admin_url), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_the_migration_keeps_existing_keys_and_its_downgrade_takes_fan_out_events(
