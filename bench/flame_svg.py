@@ -18,6 +18,9 @@ ROW = 16
 FONT = 11
 CHAR = 6.2  # px per character at FONT, for trimming labels to their box
 LINE = re.compile(r":\d+\)$")
+# A directory in a frame (the process's command line names its interpreter by path): only
+# the file's name is kept, so a graph drawn on one machine names nothing of it.
+DIRECTORY = re.compile(r"(?<![^\s\"(])(?:/[^/\s\"();]+)+/")
 
 
 @dataclass
@@ -38,7 +41,7 @@ def tree(collapsed: str) -> Node:
         node = root
         for frame in stack.split(";"):
             # One box per function: py-spy's frames name their line, dropped here.
-            frame = LINE.sub(")", frame)
+            frame = DIRECTORY.sub("", LINE.sub(")", frame))
             node = node.children.setdefault(frame, Node(frame))
             node.count += count
     return root
