@@ -2,15 +2,16 @@
 
 A result is kept so that every later duplicate gets the first answer. The effect has already
 happened when it is stored, so storing must never fail: a value that is not JSON, too large, or
-holds what PostgreSQL refuses (NUL characters in text or jsonb, numbers beyond JSON) becomes
-what could be kept plus `result_dropped` saying why. The key still ends `succeeded`; the action
-is never run again because of its result.
+holds what PostgreSQL refuses (NUL characters or lone surrogates in text or jsonb, numbers
+beyond JSON) becomes what could be kept plus `result_dropped` saying why. The key still ends
+`succeeded`; the action is never run again because of its result.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 # A stored result is returned to every later duplicate and read by operators: 64 KiB holds any
@@ -20,15 +21,20 @@ MAX_RESULT_BYTES = 65_536
 MAX_REF_CHARS = 500
 
 
-def without_nul(text: str) -> str:
-    """PostgreSQL text and jsonb cannot hold U+0000; replace it with U+FFFD."""
-    return text.replace("\x00", "\ufffd")
+# What PostgreSQL's text and jsonb cannot hold: U+0000, and a UTF-16 surrogate on its own
+# (JSON allows the escape "\ud800", which Python decodes to one; it has no UTF-8 form).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable_text(text: str) -> str:
+    """`text` with every character PostgreSQL cannot hold replaced by U+FFFD."""
+    return _UNSTORABLE.sub("\ufffd", text)
 
 
 def _clean(value: Any) -> tuple[Any, bool]:
     """The value with NULs replaced and non-finite numbers dropped; whether it changed."""
     if isinstance(value, str):
-        cleaned = without_nul(value)
+        cleaned = storable_text(value)
         return cleaned, cleaned != value
     if isinstance(value, float) and not math.isfinite(value):
         return None, True
@@ -36,7 +42,7 @@ def _clean(value: Any) -> tuple[Any, bool]:
         changed = False
         out: dict[str, Any] = {}
         for k, v in value.items():
-            key = without_nul(str(k))
+            key = storable_text(str(k))
             out[key], item_changed = _clean(v)
             changed = changed or item_changed or key != k
         return out, changed
@@ -62,7 +68,10 @@ def storable_result(value: Any) -> str:
         )
     if changed:
         return json.dumps(
-            {"value": cleaned, "result_note": "NUL characters or non-finite numbers replaced"},
+            {
+                "value": cleaned,
+                "result_note": "NUL characters, lone surrogates or non-finite numbers replaced",
+            },
             ensure_ascii=False,
         )
     return text
@@ -70,4 +79,4 @@ def storable_result(value: Any) -> str:
 
 def storable_ref(ref: str | None) -> str | None:
     """The external reference as the text column can hold it."""
-    return None if ref is None else without_nul(str(ref))[:MAX_REF_CHARS]
+    return None if ref is None else storable_text(str(ref))[:MAX_REF_CHARS]

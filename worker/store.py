@@ -27,7 +27,7 @@ from outbox.core.redaction import redact
 from outbox.core.wire import PROCESS_TASK
 from outbox.store import attempts, lifecycle
 from outbox.store import routes as route_queries
-from worker.results import storable_ref, storable_result, without_nul
+from worker.results import storable_ref, storable_result, storable_text
 
 # Error details are for people reading a dead letter, not a place to keep response bodies.
 MAX_DETAIL_CHARS = 2048
@@ -309,7 +309,7 @@ class KeyStore:
                 detail=failed.detail,
             ),
             "error_code": failed.error_code,
-            "error_detail": without_nul(redact(failed.detail))[:MAX_DETAIL_CHARS],
+            "error_detail": storable_text(redact(failed.detail))[:MAX_DETAIL_CHARS],
             "uncertain": failed.uncertain,
             "reconciled_absent": failed.reconciled_absent,
         }
@@ -339,5 +339,5 @@ def attempt_params(
         "log_error_code": error_code,
         "log_detail": None
         if detail is None
-        else without_nul(redact(detail))[: attempts.DETAIL_CHARS],
+        else storable_text(redact(detail))[: attempts.DETAIL_CHARS],
     }

@@ -151,13 +151,15 @@ def test_a_result_that_cannot_be_stored_still_ends_the_key_succeeded(
         assert "result_dropped" in result
 
 
-def test_a_response_body_with_nul_characters_is_stored_once(
-    stack: Stack, downstream: Downstream
+@pytest.mark.parametrize("odd", ["\u0000", "\ud800"], ids=["nul", "lone-surrogate"])
+def test_a_response_body_postgresql_cannot_hold_is_stored_once(
+    stack: Stack, downstream: Downstream, odd: str
 ) -> None:
-    """An http downstream whose answer holds U+0000 (which jsonb refuses): succeeded, one
+    """An http downstream whose answer holds U+0000 or the escape of a lone UTF-16 surrogate
+    (valid JSON; jsonb refuses the first, and the second has no UTF-8 form): succeeded, one
     effect, the body kept with the character replaced."""
-    downstream.behaviour = lambda key, n: Reply(201, extra={"note": "x\u0000y"})
-    key = _post(stack, "nul-body", "plain.lead", email="a@b.c")
+    downstream.behaviour = lambda key, n: Reply(201, extra={"note": f"x{odd}y"})
+    key = _post(stack, f"odd-body-{ord(odd)}", "plain.lead", email="a@b.c")
     state = finished(stack, key)
     assert state["status"] == "succeeded", state
     assert downstream.effects[key] == 1
