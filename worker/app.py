@@ -36,6 +36,8 @@ from worker import metrics
 from worker.attempt import run_attempt
 from worker.deliveries import report_all, run_each
 from worker.guard import RouteGuard
+from worker.lease import holder
+from worker.siblings import claim_together
 from worker.store import KeyStore
 from worker.task_state import DeadLettered, Finished, report
 
@@ -115,9 +117,16 @@ def create_worker_app(settings: Settings) -> Celery:
         broker_transport_options={"visibility_timeout": settings.visibility_timeout},
     )
 
-    def attempt(headers: Any, message_id: str, key: str, correlation_id: str | None) -> Finished:
+    def attempt(
+        headers: Any,
+        message_id: str,
+        key: str,
+        correlation_id: str | None,
+        store: KeyStore | None = None,
+    ) -> Finished:
         """Claim the key, run its route's action, record the outcome under the fence (in the
-        attempt's span when tracing is on, a child of the message's send span)."""
+        attempt's span when tracing is on, a child of the message's send span); through
+        `store` when the key shares its statements with its siblings (`worker.siblings`)."""
         structlog.contextvars.clear_contextvars()
         if correlation_id:
             structlog.contextvars.bind_contextvars(correlation_id=correlation_id)
@@ -127,7 +136,7 @@ def create_worker_app(settings: Settings) -> Celery:
                 TASK_QUEUE,
                 message_id,
                 lambda: run_attempt(
-                    runtime.store(),
+                    store or runtime.store(),
                     runtime.routes,
                     key,
                     lease_seconds=settings.lease_seconds,
@@ -149,14 +158,20 @@ def create_worker_app(settings: Settings) -> Celery:
         name=PROCESS_KEYS_TASK, ignore_result=True, bind=True, throws=(DeadLettered,)
     )
     def process_keys(task: Any, keys: list[str], correlation_id: str | None = None) -> str:
-        """Several deliveries of one event: each key's own attempt, all at once
-        (`worker.deliveries`); the task ends when all have."""
+        """Several deliveries of one event, claimed together (`worker.siblings`): each key's
+        own attempt, all at once (`worker.deliveries`); the task ends when all have."""
         # The request is the task thread's own (thread-local): read it here for every thread.
         request = task.request
         headers, message_id = request.get, request.id or ""
-        return report_all(
-            run_each(keys, lambda key: attempt(headers, message_id, key, correlation_id))
-        )
+        together = claim_together(runtime.store(), keys, holder(), settings.lease_seconds)
+
+        def each(key: str) -> Finished:
+            try:
+                return attempt(headers, message_id, key, correlation_id, together)
+            finally:
+                together.finished(key)
+
+        return report_all(run_each(keys, each))
 
     @signals.worker_process_init.connect(weak=False)  # type: ignore[untyped-decorator]
     def _after_fork(**_: Any) -> None:

@@ -27,9 +27,7 @@ Every path out of an attempt ends in a recorded outcome or in a lease given up:
 from __future__ import annotations
 
 import contextvars
-import os
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -46,7 +44,7 @@ from worker.errors import Failure, classify
 from worker.guard import Admitted, Held, RouteGuard
 from worker.instruments import ACTION_SECONDS, ATTEMPTS, OTHER_ROUTE, RECONCILED
 from worker.lanes import order
-from worker.lease import Heartbeat
+from worker.lease import Heartbeat, holder
 from worker.outcomes import (
     DeadLetter,
     Deferred,
@@ -80,10 +78,7 @@ def run_attempt(
     its error code (`Finished`) for the task's state.
 
     Without a `guard` routes have no limits, no breaker and no pause."""
-    # For operators only (who held it); the claim's random token is what proves holding.
-    owner = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
-    sent = time.monotonic()
-    claim = store.claim(key, owner, lease_seconds)
+    claim = store.claim(key, holder(), lease_seconds)
     if isinstance(claim, Blocked):
         log.info(
             "delivery.blocked",
@@ -140,7 +135,7 @@ def run_attempt(
         else:
             claim, trial = replace(claim, permit=admission.permit), admission.trial
             release = guard.release if guard else None
-            outcome = _act(store, route, claim, lease_seconds, limit, sent, rng, release)
+            outcome = _act(store, route, claim, lease_seconds, limit, rng, release)
             told = _told(outcome)
     recorded = not isinstance(outcome, LeaseGivenUp) and _record(store, claim, outcome)
     if recorded and guard is not None and route is not None and told is not None:
@@ -288,7 +283,6 @@ def _act(
     claim: Claim,
     lease_seconds: float,
     limit: float,
-    since: float,
     rng: random.Random,
     release: Callable[[Claim], None] | None = None,
 ) -> Outcome:
@@ -309,7 +303,7 @@ def _act(
         uncertain=claim.uncertain,
     )
     run = _Run(done=threading.Event(), wake=threading.Event(), release=release)
-    with Heartbeat(store, claim, lease_seconds, ctx.cancelled, run.wake, since) as heartbeat:
+    with Heartbeat(store, claim, lease_seconds, ctx.cancelled, run.wake, claim.sent) as heartbeat:
         _start(run, route, ctx, claim)
         deadline = time.monotonic() + limit
         while not run.done.is_set():

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import threading
 import time
 from types import TracebackType
@@ -27,6 +28,13 @@ from outbox.core.logs import get_logger
 from worker.store import Claim, KeyStore
 
 log = get_logger(__name__)
+
+
+def holder() -> str:
+    """Who holds a lease taken in this thread (host:pid:thread), for operators only: the
+    claim's random token is what proves holding."""
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
 
 # How long before our own view of the lease's end the worker stops trusting it: a fifth of a
 # lease (6 s of the default 30) covers a statement in flight and clock-rate drift.

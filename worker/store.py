@@ -15,6 +15,7 @@ when the lease runs out), and a repeated fenced write matches no row once the fi
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -74,6 +75,9 @@ class Claim:
     lane: str | None = None
     # Who holds it (host:pid:thread), for the attempt log.
     owner: str = ""
+    # When the claim was sent, on this process's monotonic clock: no later than the database's
+    # now() that set the lease, so the worker's trust in the lease is counted from here.
+    sent: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -113,10 +117,16 @@ class KeyStore:
 
     def one(self, statement: TextClause, params: dict[str, Any]) -> RowMapping | None:
         """Run one statement; its first row, or None when it matched nothing."""
+        rows = self.all(statement, params)
+        return rows[0] if rows else None
+
+    def all(self, statement: TextClause, params: dict[str, Any]) -> list[RowMapping]:
+        """Run one statement; its rows. Sent once more on a fresh connection when the server
+        had dropped this one (see the module's docstring)."""
         for attempt in (1, 2):
             try:
                 with self.engine.begin() as conn:
-                    return conn.execute(statement, params).mappings().first()
+                    return list(conn.execute(statement, params).mappings())
             except DBAPIError as error:
                 if attempt == 2 or not error.connection_invalidated:
                     raise
@@ -129,6 +139,7 @@ class KeyStore:
         `owner` (host and process) is stored for operators only; the token proves holding.
         """
         token = lifecycle.new_lease_token()
+        sent = time.monotonic()
         row = self.one(
             lifecycle.CLAIM_KEY,
             {
@@ -140,33 +151,10 @@ class KeyStore:
                 "lease_seconds": lease_seconds,
             },
         )
-        if row is not None:
-            return Claim(
-                key=key,
-                fence=row["fence"],
-                token=token,
-                attempt=row["attempts"],
-                correlation_id=row["correlation_id"],
-                route=row["route"],
-                source=row["source"],
-                event_type=row["event_type"],
-                external_id=row["external_id"],
-                version=row["version"],
-                payload=row["payload"],
-                locked_until=row["locked_until"],
-                claimed_at=row["claimed_at"],
-                first_failed_at=row["first_failed_at"],
-                previous_status=row["previous_status"],
-                previous_error_code=row["previous_error_code"],
-                uncertain=row["uncertain"],
-                route_state=RouteView(
-                    paused=bool(row["route_paused"]),
-                    circuit=row["route_circuit"] or "closed",
-                    open_until=row["route_open_until"],
-                ),
-                lane=row["lane"],
-                owner=owner,
-            )
+        return self.blocked(key) if row is None else claim_of(row, token, owner, sent)
+
+    def blocked(self, key: str) -> Blocked:
+        """Why a delivery of `key` was refused (finished, held, not due, a workflow's), counted."""
         state = self.one(
             lifecycle.KEY_STATE, {"key": key, "payload_hash": None, "refused_by": "worker"}
         )
@@ -213,17 +201,7 @@ class KeyStore:
         kept and a note saying why, and never makes the action run again. `reconciled`: this
         attempt's reconcile found the effect (True) or found none before acting (False).
         """
-        answered = result.get("status_code") if isinstance(result, dict) else None
-        params = {
-            **attempt_params(
-                claim,
-                "reconciled_found" if reconciled else "succeeded",
-                reconciled=reconciled,
-                status_code=answered if isinstance(answered, int) else None,
-            ),
-            "result": storable_result(result),
-            "external_ref": storable_ref(external_ref),
-        }
+        params = success_params(claim, result, external_ref, reconciled)
         try:
             row = self.one(lifecycle.SUCCEED, params)
         except DataError as error:
@@ -315,6 +293,23 @@ class KeyStore:
         }
 
 
+def success_params(
+    claim: Claim, result: Any, external_ref: str | None, reconciled: bool | None
+) -> dict[str, Any]:
+    """`SUCCEED`'s parameters: the attempt row's, the result and reference as they can be kept."""
+    answered = result.get("status_code") if isinstance(result, dict) else None
+    return {
+        **attempt_params(
+            claim,
+            "reconciled_found" if reconciled else "succeeded",
+            reconciled=reconciled,
+            status_code=answered if isinstance(answered, int) else None,
+        ),
+        "result": storable_result(result),
+        "external_ref": storable_ref(external_ref),
+    }
+
+
 def attempt_params(
     claim: Claim,
     outcome: str,
@@ -341,3 +336,34 @@ def attempt_params(
         if detail is None
         else storable_text(redact(detail))[: attempts.DETAIL_CHARS],
     }
+
+
+def claim_of(row: RowMapping, token: str, owner: str, sent: float) -> Claim:
+    """The claim a row of `CLAIM_KEY` or `siblings.CLAIM_KEYS` describes."""
+    return Claim(
+        key=row["idempotency_key"],
+        fence=row["fence"],
+        token=token,
+        attempt=row["attempts"],
+        correlation_id=row["correlation_id"],
+        route=row["route"],
+        source=row["source"],
+        event_type=row["event_type"],
+        external_id=row["external_id"],
+        version=row["version"],
+        payload=row["payload"],
+        locked_until=row["locked_until"],
+        claimed_at=row["claimed_at"],
+        first_failed_at=row["first_failed_at"],
+        previous_status=row["previous_status"],
+        previous_error_code=row["previous_error_code"],
+        uncertain=row["uncertain"],
+        route_state=RouteView(
+            paused=bool(row["route_paused"]),
+            circuit=row["route_circuit"] or "closed",
+            open_until=row["route_open_until"],
+        ),
+        lane=row["lane"],
+        owner=owner,
+        sent=sent,
+    )

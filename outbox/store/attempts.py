@@ -32,15 +32,17 @@ _COLUMNS = (
 
 
 def trimmed(inserted: int = 1) -> str:
-    """The CTE that keeps the key's newest rows within the bound, counting the `inserted` rows
-    this same statement adds (which its DELETE cannot see); only when `logged` added one."""
+    """The CTE that keeps each key `logged` wrote to within the bound, counting the `inserted`
+    rows per key this same statement adds (which its DELETE cannot see). Keys come from
+    `logged` (its RETURNING), so a statement that logs several keys trims each, and one whose
+    write the fence refused trims none."""
     return f"""
     trimmed AS (
-        DELETE FROM attempts
-         WHERE idempotency_key = :key
-           AND EXISTS (SELECT 1 FROM logged)
-           AND id < (SELECT id FROM attempts WHERE idempotency_key = :key
-                      ORDER BY id DESC OFFSET {KEPT_PER_KEY - inserted - 1} LIMIT 1)
+        DELETE FROM attempts a
+         USING (SELECT DISTINCT idempotency_key FROM logged) t
+         WHERE a.idempotency_key = t.idempotency_key
+           AND a.id < (SELECT id FROM attempts WHERE idempotency_key = t.idempotency_key
+                        ORDER BY id DESC OFFSET {KEPT_PER_KEY - inserted - 1} LIMIT 1)
     )"""
 
 
@@ -66,7 +68,7 @@ def logged(
                {outcome}, CAST(:reconciled AS boolean), CAST(:status_code AS integer),
                {error_code}, CAST(:log_detail AS text), CAST(:worker AS text)
           FROM {source} {where}
-        RETURNING 1
+        RETURNING idempotency_key
     ), {trimmed()}"""
 
 
@@ -89,7 +91,7 @@ CLAIMED = f"""
                        CAST(:owner AS text)
                   FROM claimed WHERE actor = 'workflow'
                  ORDER BY 1) AS r
-        RETURNING 1
+        RETURNING idempotency_key
     ), {trimmed(2)}"""
 
 OF_KEY: TextClause = text(

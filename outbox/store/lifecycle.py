@@ -28,7 +28,7 @@ from enum import StrEnum
 
 from sqlalchemy import BindParameter, Numeric, String, TextClause, bindparam, text
 
-from outbox.store import attempts
+from outbox.store import attempts, claiming
 
 
 class Status(StrEnum):
@@ -166,17 +166,7 @@ CLAIM_KEY: TextClause = text(
     -- delivery reads its event's payload (event_key).
     WITH claimed AS (
         UPDATE idempotency_keys k
-           SET status = 'processing',
-               fence = k.fence + 1,
-               attempts = k.attempts + 1,
-               reclaimed_count = k.reclaimed_count
-                   + CASE WHEN k.status = 'processing' THEN 1 ELSE 0 END,
-               uncertain = k.uncertain OR k.status = 'processing',
-               lease_token = :token,
-               lease_owner = :owner,
-               locked_until = now() + make_interval(secs => :lease_seconds),
-               next_attempt_at = NULL,
-               updated_at = now()
+           SET {claiming.taken(":token")}
           FROM (SELECT status AS previous_status, lease_owner AS previous_owner,
                        updated_at AS previous_updated_at
                   FROM idempotency_keys
@@ -187,21 +177,10 @@ CLAIM_KEY: TextClause = text(
            AND (CAST(:payload_hash AS text) IS NULL OR k.payload_hash = :payload_hash)
            AND (CAST(:lane AS text) IS NULL OR k.lane = :lane)
            AND (CAST(:lane_rank AS numeric) IS NULL OR k.lane_rank = :lane_rank)
-           AND (k.status = 'pending'
-                OR (k.status = 'failed_retryable'
-                    AND (k.next_attempt_at IS NULL OR k.next_attempt_at <= now()))
-                OR (k.status = 'processing' AND k.locked_until < now()))
-        RETURNING k.idempotency_key, k.fence, k.attempts, k.correlation_id, k.route,
-                  k.event_type, k.source, k.locked_until, k.first_failed_at, k.uncertain,
-                  now() AS claimed_at, previous.previous_status,
-                  k.error_code AS previous_error_code, k.lane, k.actor,
-                  previous.previous_owner, previous.previous_updated_at, k.event_key
+           AND {claiming.CLAIMABLE}
+        {claiming.RETURNED}
     ), {attempts.CLAIMED}
-    SELECT c.*, e.external_id, e.version, e.payload, r.paused AS route_paused,
-           r.circuit AS route_circuit, r.open_until AS route_open_until
-      FROM claimed c
-      JOIN events e ON e.idempotency_key = COALESCE(c.event_key, c.idempotency_key)
-      LEFT JOIN route_state r ON r.route = c.route
+    {claiming.WITH_EVENT}
     """
 ).bindparams(*_any_lane())
 

@@ -1,4 +1,5 @@
-"""Fixtures of the worker's integration tests that start their own processes."""
+"""Fixtures of the worker's integration tests: the worker's engine, and stacks that start their own
+processes."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Engine
 
+from outbox.core.settings import Settings
 from outbox.store import embedded
+from outbox.store.engines import create_sync_engine
 from tests.support import Downstream, Stack
 
 
@@ -24,3 +28,13 @@ def protected(
     stack.stop_all()
     redis_process.terminate()
     redis_process.wait(timeout=10)
+
+
+@pytest.fixture
+def worker_engine(own_database: str) -> Iterator[Engine]:
+    # As the worker makes it: no pre-ping.
+    engine = create_sync_engine(
+        Settings(database_url=own_database, redis_url="redis://x"), pre_ping=False, autocommit=True
+    )
+    yield engine
+    engine.dispose()

@@ -6,27 +6,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from contextlib import ExitStack
 
-import pytest
 from sqlalchemy import Engine
 
-from outbox.core.settings import Settings
-from outbox.store.engines import create_sync_engine
 from tests.support import query, seed_pending_key
 from worker.lease import Heartbeat
 from worker.store import Claim, KeyStore
-
-
-@pytest.fixture
-def worker_engine(own_database: str) -> Iterator[Engine]:
-    # As the worker makes it: no pre-ping.
-    engine = create_sync_engine(
-        Settings(database_url=own_database, redis_url="redis://x"), pre_ping=False, autocommit=True
-    )
-    yield engine
-    engine.dispose()
 
 
 def _drop_store_connections(db: str) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from outbox.store import ingest, lanes, lifecycle, maintenance
+from outbox.store import ingest, lanes, lifecycle, maintenance, siblings
 from outbox.store.lifecycle import TRANSITIONS, Status
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -56,6 +56,8 @@ def test_every_fenced_write_names_fence_and_token() -> None:
     ):
         sql = statement.text
         assert "fence = :fence AND lease_token = :token" in sql
+    # Several keys' successes at once: each row under its own fence and token.
+    assert "k.fence = o.fence AND k.lease_token = o.token" in siblings.SUCCEED_KEYS.text
 
 
 def test_every_claim_and_redrive_names_the_actor() -> None:

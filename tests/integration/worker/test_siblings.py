@@ -1,0 +1,191 @@
+"""An event's deliveries sharing their statements (`worker.siblings`) on real PostgreSQL: one
+claim for all that takes or refuses each key as its own claim would, successes written by one
+statement, each under its own fence, and nothing waits for a sibling that will not succeed."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, event
+
+from tests.support import query, seed_pending_key
+from worker.siblings import Siblings, claim_together
+from worker.store import Blocked, Claim, KeyStore
+
+
+@pytest.fixture
+def statements(worker_engine: Engine) -> Counter[str]:
+    """How many times each of the store's statements ran, by its first comment line."""
+    seen: Counter[str] = Counter()
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        comment = next((s for s in statement.splitlines() if s.strip().startswith("--")), "")
+        seen[comment.strip()] += 1
+
+    event.listen(worker_engine, "before_cursor_execute", count)
+    return seen
+
+
+SUCCEED_ONE = (
+    "-- The effect happened: store the result under the fence, and the attempt in the log; the"
+)
+SUCCEED_MANY = (
+    "-- Several effects happened: each key succeeds under its own fence and token, as SUCCEED"
+)
+
+
+def _succeed_all(siblings: Siblings, claims: list[Claim]) -> list[bool]:
+    """Each claim's success recorded from a thread of its own, as the attempts do."""
+    recorded: list[bool] = [False] * len(claims)
+
+    def one(index: int) -> None:
+        claim = claims[index]
+        try:
+            recorded[index] = siblings.succeed(claim, {"n": index}, f"ref-{index}")
+        finally:
+            siblings.finished(claim.key)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(claims))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    return recorded
+
+
+def test_keys_claimed_together_are_each_taken_or_refused_as_alone(
+    own_database: str, worker_engine: Engine
+) -> None:
+    """Three pending keys and a finished one in one claim: the three held with their own
+    tokens, the finished one refused (and the refusal counted); a copy of the message claiming
+    the same keys finds every one held."""
+    db = own_database
+    store = KeyStore(worker_engine)
+    keys = [seed_pending_key(db, f"together-{n}") for n in range(3)]
+    done = seed_pending_key(db, "together-done")
+    query(
+        db, "UPDATE idempotency_keys SET status = 'succeeded' WHERE idempotency_key = %s", (done,)
+    )
+
+    first = claim_together(store, [*keys, done], "w1", 30)
+    claims = [first.claim(key, "w1", 30) for key in keys]
+    assert all(isinstance(c, Claim) for c in claims)
+    held = [c for c in claims if isinstance(c, Claim)]
+    assert len({c.token for c in held}) == 3 and {(c.fence, c.attempt) for c in held} == {(1, 1)}
+    assert held[0].payload == {"email": "a@b.c"} and held[0].sent > 0
+    refused = first.claim(done, "w1", 30)
+    assert isinstance(refused, Blocked) and refused.status == "succeeded"
+
+    copy = claim_together(store, keys, "w2", 30)
+    again = [copy.claim(key, "w2", 30) for key in keys]
+    assert [(b.status, b.lease_live) for b in again if isinstance(b, Blocked)] == [
+        ("processing", True)
+    ] * 3
+    assert query(
+        db,
+        "SELECT status, fence, attempts, blocked_deliveries FROM idempotency_keys"
+        " ORDER BY idempotency_key",
+    ) == [("processing", 1, 1, 1)] * 3 + [("succeeded", 0, 0, 1)]
+
+
+def test_siblings_successes_are_one_statement_each_under_its_own_fence(
+    own_database: str, worker_engine: Engine, statements: Counter[str]
+) -> None:
+    """Three deliveries succeed at once: one statement writes all three, with their results
+    and attempt rows; a fourth whose lease another worker took since writes nothing, and the
+    new holder's row is untouched."""
+    db = own_database
+    store = KeyStore(worker_engine)
+    keys = [seed_pending_key(db, f"batch-{n}") for n in range(4)]
+    siblings = claim_together(store, keys, "w1", 30)
+    claims = [siblings.claim(key, "w1", 30) for key in keys]
+    assert all(isinstance(c, Claim) for c in claims)
+    query(
+        db,
+        "UPDATE idempotency_keys SET fence = fence + 1, lease_token = 'other'"
+        " WHERE idempotency_key = %s",
+        (keys[3],),
+    )
+
+    recorded = _succeed_all(siblings, [c for c in claims if isinstance(c, Claim)])
+
+    assert recorded == [True, True, True, False]
+    assert statements[SUCCEED_MANY] == 1 and statements[SUCCEED_ONE] == 0
+    rows = query(
+        db,
+        "SELECT status, result, external_ref, lease_token FROM idempotency_keys"
+        " ORDER BY idempotency_key",
+    )
+    assert rows == [("succeeded", {"n": n}, f"ref-{n}", None) for n in range(3)] + [
+        ("processing", None, None, "other")
+    ]
+    assert query(db, "SELECT idempotency_key, outcome FROM attempts ORDER BY idempotency_key") == [
+        (key, "succeeded") for key in keys[:3]
+    ]
+
+
+def test_a_success_is_written_without_a_sibling_still_acting(
+    own_database: str, worker_engine: Engine, statements: Counter[str]
+) -> None:
+    """One delivery succeeds while its sibling is still acting (a slow destination): the
+    success is written alone after the linger, not when the sibling ends; the sibling that
+    then ends without success (a retry recorded on its own) leaves nothing waiting."""
+    db = own_database
+    store = KeyStore(worker_engine)
+    keys = [seed_pending_key(db, f"slow-{n}") for n in range(2)]
+    siblings = claim_together(store, keys, "w1", 30)
+    fast, slow = (siblings.claim(key, "w1", 30) for key in keys)
+    assert isinstance(fast, Claim) and isinstance(slow, Claim)
+
+    written = threading.Event()
+
+    def succeed_fast() -> None:
+        assert siblings.succeed(fast, {"ok": True}, None)
+        written.set()
+
+    thread = threading.Thread(target=succeed_fast)
+    thread.start()
+    # The sibling has not ended: the success must still be written.
+    assert written.wait(10), "a success waited for a sibling that was still acting"
+    thread.join()
+    siblings.finished(fast.key)
+    siblings.finished(slow.key)
+    assert statements[SUCCEED_ONE] == 1 and statements[SUCCEED_MANY] == 0
+    assert query(db, "SELECT status FROM idempotency_keys ORDER BY idempotency_key") == [
+        ("succeeded",),
+        ("processing",),
+    ]
+
+
+def test_a_shared_write_the_database_refuses_is_written_key_by_key(
+    own_database: str, worker_engine: Engine, statements: Counter[str]
+) -> None:
+    """The shared statement fails (here: the attempt log refuses a row, as a full disk or a
+    broken constraint would): each key is then written alone, as one key's success is, and
+    every one lands."""
+    db = own_database
+    store = KeyStore(worker_engine)
+    keys = [seed_pending_key(db, f"refused-{n}") for n in range(3)]
+    siblings = claim_together(store, keys, "w1", 30)
+    claims = [siblings.claim(key, "w1", 30) for key in keys]
+    # Only the shared statement sends its attempt numbers as an array; make it fail.
+    query(
+        db,
+        "CREATE FUNCTION refuse_shared() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN IF current_query() LIKE '%Several effects happened%' THEN"
+        "   RAISE EXCEPTION 'refused'; END IF; RETURN NEW; END $$",
+    )
+    query(
+        db,
+        "CREATE TRIGGER refuse_shared BEFORE INSERT ON attempts"
+        " FOR EACH ROW EXECUTE FUNCTION refuse_shared()",
+    )
+
+    recorded = _succeed_all(siblings, [c for c in claims if isinstance(c, Claim)])
+
+    assert recorded == [True, True, True]
+    assert statements[SUCCEED_MANY] == 1 and statements[SUCCEED_ONE] == 3
+    assert query(db, "SELECT DISTINCT status FROM idempotency_keys") == [("succeeded",)]

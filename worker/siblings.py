@@ -1,0 +1,145 @@
+"""An event's deliveries in one message share their statements: one claim for all, and their
+successes recorded together.
+
+Each delivery alone costs two statements (its claim and its outcome), and for an event fanned
+out to three destinations those six round trips, planned and executed one by one, are most of
+what its deliveries cost the worker and the database beyond Celery's one message. Here the
+attempts of one message see the store through `Siblings`: the keys were claimed in one
+statement (`outbox.store.siblings.CLAIM_KEYS`) before the attempts started, and a success waits
+up to `LINGER_SECONDS` for its siblings' so that all of them are written by one statement
+(`SUCCEED_KEYS`).
+
+Nothing else is shared, and no key's guarantees change: each key keeps its own fence, token,
+lease (the heartbeat counts from when the shared claim was sent), order, admission, action and
+outcome, exactly as `worker.attempt` runs one key. Waiting to be written together is safe: the
+lease runs on, fenced, and the linger is a small fraction of a renewal interval. Every outcome
+other than a success is recorded at once, on its own. A shared write that fails for any reason
+(a result the database refuses, a dropped connection) is not retried as a batch: each waiting
+key is then written alone, where a single key's handling applies.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from outbox.store import lifecycle, siblings
+from worker.store import Blocked, Claim, KeyStore, claim_of, success_params
+
+# How long a recorded success waits for its siblings' before it is written without them: a
+# fan-out's destinations answering within this of each other share one statement.
+LINGER_SECONDS = 0.02
+
+# The parallel arrays of `SUCCEED_KEYS`, from each key's `SUCCEED` parameters.
+_COLUMNS = {
+    "keys": "key",
+    "fences": "fence",
+    "tokens": "token",
+    "attempts": "attempt",
+    "started_at": "started_at",
+    "workers": "worker",
+    "outcomes": "outcome",
+    "reconciled": "reconciled",
+    "status_codes": "status_code",
+    "results": "result",
+    "external_refs": "external_ref",
+}
+
+
+def claim_together(
+    store: KeyStore, keys: Sequence[str], owner: str, lease_seconds: float
+) -> Siblings:
+    """Claim `keys` in one statement, each as `KeyStore.claim` would take or refuse it alone
+    (a refused key's reason is read and counted as for one key)."""
+    tokens = {key: lifecycle.new_lease_token() for key in keys}
+    sent = time.monotonic()
+    rows = store.all(
+        siblings.CLAIM_KEYS,
+        {
+            "keys": list(tokens),
+            "tokens": list(tokens.values()),
+            "owner": owner,
+            "lease_seconds": lease_seconds,
+        },
+    )
+    taken = {row["idempotency_key"]: row for row in rows}
+    claims: dict[str, Claim | Blocked] = {
+        key: claim_of(taken[key], token, owner, sent) if key in taken else store.blocked(key)
+        for key, token in tokens.items()
+    }
+    return Siblings(store, claims)
+
+
+class Siblings(KeyStore):
+    """The store as the attempts of one message see it: `claim` hands out the key's share of
+    the shared claim, `succeed` joins the shared write; every other step is the store's own.
+    Each attempt calls `finished(key)` when it ends, so that no success waits for a sibling
+    that will never record one."""
+
+    def __init__(self, store: KeyStore, claims: Mapping[str, Claim | Blocked]) -> None:
+        super().__init__(store.engine)
+        self._claims = dict(claims)
+        self._cond = threading.Condition()
+        # Claimed keys whose attempt has neither recorded a success nor ended.
+        self._expected = {key for key, claim in claims.items() if isinstance(claim, Claim)}
+        # Successes waiting to be written: key -> its SUCCEED parameters.
+        self._waiting: dict[str, dict[str, Any]] = {}
+        # What the shared write said of each key: True/False, or None: write it alone.
+        self._written: dict[str, bool | None] = {}
+
+    def claim(self, key: str, owner: str, lease_seconds: float) -> Claim | Blocked:
+        taken = self._claims.pop(key, None)
+        return super().claim(key, owner, lease_seconds) if taken is None else taken
+
+    def finished(self, key: str) -> None:
+        with self._cond:
+            self._expected.discard(key)
+            self._cond.notify_all()
+
+    def succeed(
+        self, claim: Claim, result: Any, external_ref: str | None, reconciled: bool | None = None
+    ) -> bool:
+        key = claim.key
+        with self._cond:
+            self._waiting[key] = success_params(claim, result, external_ref, reconciled)
+            self._expected.discard(key)
+            self._cond.notify_all()
+            batch = self._wait_or_take(key, time.monotonic() + LINGER_SECONDS)
+        if batch:
+            written = self._write(batch)
+            with self._cond:
+                self._written.update(written)
+                self._cond.notify_all()
+        with self._cond:
+            recorded = self._written.pop(key)
+        if recorded is None:
+            return super().succeed(claim, result, external_ref, reconciled)
+        return recorded
+
+    def _wait_or_take(self, key: str, deadline: float) -> dict[str, dict[str, Any]]:
+        """Under the lock: wait until another attempt wrote this key (returns nothing), or
+        take every waiting success to write them (when no sibling is still expected to
+        succeed, or the linger ran out)."""
+        while key not in self._written:
+            if key in self._waiting:
+                left = deadline - time.monotonic()
+                if not self._expected or left <= 0:
+                    batch, self._waiting = self._waiting, {}
+                    return batch
+                self._cond.wait(left)
+            else:
+                self._cond.wait()
+        return {}
+
+    def _write(self, batch: dict[str, dict[str, Any]]) -> dict[str, bool | None]:
+        if len(batch) == 1:
+            return {key: None for key in batch}  # one key: its own statement, as usual
+        params = {name: [p[field] for p in batch.values()] for name, field in _COLUMNS.items()}
+        try:
+            rows = self.all(siblings.SUCCEED_KEYS, params)
+        except Exception:
+            return {key: None for key in batch}  # each alone, with a single key's handling
+        done = {row["idempotency_key"] for row in rows}
+        return {key: key in done for key in batch}
