@@ -123,8 +123,10 @@ def collector() -> Iterator[Collector]:
 
 
 @pytest.fixture
-def traced(private_stack: Stack, collector: Collector) -> Stack:
-    """The private stack, exporting to the collector every 50 ms."""
+def traced(collector: Collector, private_stack: Stack) -> Stack:
+    """The private stack, exporting to the collector every 50 ms. The collector is set up first
+    so that it stops last: processes stopping at teardown send their last spans to it, not to
+    a closed port they would retry for seconds."""
     private_stack.extra_env.update(
         OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.port}",
         OTEL_BSP_SCHEDULE_DELAY="50",
