@@ -19,6 +19,7 @@ Each check is bounded (the engine's timeouts, `BROKER_TIMEOUT_SECONDS` for the b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -62,20 +63,23 @@ class AmqpPing:
         )
 
     def ping(self) -> bool:
-        kept = self._connection.connected
-        try:
-            self._round_trip()
-        except Exception:
-            self._connection.collect()
-            if not kept:
-                raise
-            self._round_trip()
+        if self._connection.connected:
+            # A kept connection may have died with a broker restart: a fresh one decides.
+            with contextlib.suppress(Exception):
+                self._round_trip()
+                return True
+        self._round_trip()
         return True
 
     def _round_trip(self) -> None:
-        # No retries and no sleep inside the check: the next probe is the retry.
-        self._connection.ensure_connection(max_retries=0)
-        self._connection.channel().close()
+        try:
+            # No retries and no sleep inside the check: the next probe is the retry.
+            self._connection.ensure_connection(max_retries=0)
+            self._connection.channel().close()
+        except Exception:
+            # Dropped without a close handshake: its socket may be dead.
+            self._connection.collect()
+            raise
 
     def close(self) -> None:
         self._connection.release()
