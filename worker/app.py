@@ -5,7 +5,9 @@ Settings follow the known traps of Celery on Redis: JSON only; acks after the ta
 (`task_reject_on_worker_lost`), so a crash redelivers instead of losing; prefetch 1 so a dying
 process holds at most one message; task events only when asked for (`WORKER_TASK_EVENTS`, or
 Flower's enable_events while Flower runs); Celery's root-logger hijack off so our structlog
-setup stays in charge. Retries never use countdown/ETA: they wait in the outbox.
+setup stays in charge. Retries never use countdown/ETA: they wait in the outbox. On RabbitMQ the
+queue is a quorum queue and a lost worker's messages come back when its connection ends
+(`outbox.core.broker`).
 
 A task ends as its attempt did (`worker.task_state`): SUCCESS, RETRY for a retry scheduled in
 the outbox, FAILURE for a dead letter, with the error code for Flower. Celery acknowledges all
