@@ -4,7 +4,7 @@ A lead arrives from a web form; the CRM creates the follow-up task but its answe
 gateway marks the attempt uncertain, asks the CRM by the event's key, finds the task and records
 it; the form provider redelivers the event and gets the stored answer. The CRM ends with one
 task. The CRM is `examples.fake_crm.FakeCrm`; the gateway is started the way `idem dev` starts
-it (embedded PostgreSQL and Redis in a temporary folder unless DATABASE_URL / REDIS_URL are set;
+it (embedded PostgreSQL and Redis in a temporary folder unless DATABASE_URL / BROKER_URL are set;
 receiver, relay, worker and sweeper as subprocesses). Everything started is stopped at the end.
 """
 
@@ -100,7 +100,7 @@ def start_gateway(
     if not env.get("DATABASE_URL"):
         server, env["DATABASE_URL"] = start_postgres(work / "postgres")
         servers.append(server)
-    if not env.get("REDIS_URL"):
+    if not env.get("BROKER_URL") and not env.get("REDIS_URL"):
         redis, env["REDIS_URL"] = start_redis(work / "redis", appendonly=False)
         servers.append(redis)
     upgrade(env["DATABASE_URL"])

@@ -79,7 +79,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
         state["engine"] = create_receiver_engine(settings)
         # Operators, metrics and readiness use the synchronous stores in the thread pool.
         state["sync_engine"] = create_sync_engine(settings, pool_size=2, application_name=RECEIVER)
-        state["readiness"] = Readiness(state["sync_engine"], settings.redis_url)
+        state["readiness"] = Readiness(state["sync_engine"], settings.broker())
         try:
             yield
         finally:

@@ -183,10 +183,10 @@ def dev(
     """Run everything in the foreground: migrations, receiver, relay, worker, sweeper. Ctrl-C
     (or SIGTERM to this process) stops all.
 
-    With no DATABASE_URL / REDIS_URL, embedded PostgreSQL and Redis start with their data in
-    DATA_DIR (default .idem/). Their URLs and the operator token (OPERATOR_TOKEN, else one made
-    for this run) are written to DATA_DIR/env, where every `idem` command started from the
-    same folder finds them.
+    With no DATABASE_URL / BROKER_URL (nor REDIS_URL), embedded PostgreSQL and Redis start with
+    their data in DATA_DIR (default .idem/). Their URLs and the operator token (OPERATOR_TOKEN,
+    else one made for this run) are written to DATA_DIR/env, where every `idem` command started
+    from the same folder finds them.
     """
     from outbox.store import embedded
     from outbox.store.migrate import upgrade
@@ -207,7 +207,7 @@ def dev(
             server, shared["DATABASE_URL"] = embedded.start_postgres(data_dir / "postgres")
             servers.append(server)
             log.info("embedded.postgres", data_dir=str(data_dir / "postgres"), port=server.port)
-        if not settings.redis_url:
+        if not settings.broker():
             redis_process, shared["REDIS_URL"] = embedded.start_redis(data_dir / "redis")
             log.info("embedded.redis", url=shared["REDIS_URL"])
     except RuntimeError as error:
@@ -324,7 +324,7 @@ def _explain_claims_token(url: str, token: str) -> None:
 def demo() -> None:
     """Tell the story this product was built for: a lost CRM answer, a redelivery, one task.
 
-    Starts a fake CRM and the whole gateway (embedded servers unless DATABASE_URL / REDIS_URL
+    Starts a fake CRM and the whole gateway (embedded servers unless DATABASE_URL / BROKER_URL
     are set), prints each step, and stops everything. Run it from the project's folder.
     """
     # The examples are not installed with the package: they are found from the project's folder.

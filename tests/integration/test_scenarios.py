@@ -53,6 +53,7 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
+@pytest.mark.brokers(slow=("rabbitmq",))
 def test_2_two_workers_racing_for_one_key(private_stack: Stack, downstream: Downstream) -> None:
     """Two deliveries of one key reach two workers at once: one claims and acts, the other is
     refused by the claim; one effect."""
@@ -85,6 +86,7 @@ def test_2_two_workers_racing_for_one_key(private_stack: Stack, downstream: Down
     assert both.count('"delivery.blocked"') == 1
 
 
+@pytest.mark.brokers(slow=("rabbitmq",))
 @pytest.mark.parametrize(
     "lost_answer",
     [Reply(201, delay=2.5), Reply(201, commit=True, drop=True)],
@@ -107,6 +109,7 @@ def test_3_timeout_after_the_downstream_wrote_is_reconciled(
     assert downstream.lookups == [key]
 
 
+@pytest.mark.brokers(slow=("rabbitmq",))
 def test_4_failure_before_the_write_retries_after_retry_after(
     stack: Stack, downstream: Downstream
 ) -> None:
@@ -126,6 +129,7 @@ def test_4_failure_before_the_write_retries_after_retry_after(
     assert retries == [(1,)], "the retry waited in the outbox"
 
 
+@pytest.mark.brokers
 def test_5_worker_killed_mid_action_is_reclaimed_and_reconciled(
     private_stack: Stack, downstream: Downstream
 ) -> None:

@@ -268,6 +268,8 @@ def test_a_fan_out_events_deliveries_share_one_send_and_each_attempt_joins_its_t
     assert sorted(c.parent_id for c in clients) == sorted(p.span_id for p in processes)
 
 
+# It empties or counts inside Redis.
+@pytest.mark.brokers("redis")
 def test_an_attempt_after_a_sweepers_redrive_joins_the_events_trace(
     traced: Stack, collector: Collector, downstream: Downstream
 ) -> None:
@@ -284,7 +286,7 @@ def test_an_attempt_after_a_sweepers_redrive_joins_the_events_trace(
         )
     )
     # The message is lost before any worker took it.
-    broker: redis_client.Redis[Any] = redis_client.Redis.from_url(traced.redis_url)
+    broker: redis_client.Redis[Any] = redis_client.Redis.from_url(traced.broker_url)
     broker.flushdb()
     broker.close()
     traced.start_sweeper()

@@ -373,6 +373,33 @@ def test_redis_is_bounded_and_asks_for_a_password(services: dict[str, dict[str, 
     )
 
 
+def test_rabbitmq_runs_with_its_profile_only_and_the_gateway_follows_broker_url(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """RabbitMQ is a profile (`docker compose up` without it starts Redis only): its data on a
+    volume under a fixed hostname (its node name), its password from the environment, with no
+    default; the app services and Flower wait for it only when it runs, every app service that
+    uses the broker takes BROKER_URL from the environment (empty: Redis), and the worker's
+    healthcheck and Flower reach the broker BROKER_URL names."""
+    rabbitmq = services["rabbitmq"]
+    assert rabbitmq["profiles"] == ["rabbitmq"]
+    assert all("profiles" not in s for name, s in services.items() if name != "rabbitmq")
+    assert rabbitmq["hostname"] == "rabbitmq"
+    assert "rabbitmqdata:/var/lib/rabbitmq" in rabbitmq["volumes"]
+    assert rabbitmq["environment"]["RABBITMQ_DEFAULT_PASS"] == "${RABBITMQ_PASSWORD:-}"
+    assert 'test -n "$$RABBITMQ_DEFAULT_PASS"' in rabbitmq["command"][-1]
+    for name in LONG_RUNNING_APP_SERVICES | {"flower"}:
+        dependency = _depends_on(services[name])["rabbitmq"]
+        assert dependency == {"condition": "service_healthy", "required": False}, name
+        assert services[name]["environment"]["BROKER_URL"] == "${BROKER_URL:-}", name
+    worker = " ".join(services["worker"]["healthcheck"]["test"])
+    assert '--broker "$${BROKER_URL:-$$REDIS_URL}"' in worker
+    assert (
+        'CELERY_BROKER_URL="$${BROKER_URL:-$$CELERY_BROKER_URL}"'
+        in services["flower"]["command"][-1]
+    )
+
+
 # Capabilities a service gets back after dropping all, and why.
 CAPABILITIES_ADDED = {
     # Caddy runs as root in its image and binds 80 and 443.

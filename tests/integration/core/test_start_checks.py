@@ -1,7 +1,7 @@
 """Settings that stop a process at start: weak secrets stop every process (the receiver, the
 relay, the sweeper and the worker refuse `WEBHOOK_SECRETS="weak=a"` and a token of 31 spaces and
-a letter, naming the setting and the source, never the value), and worker metrics bound beyond
-loopback without a token stop the worker."""
+a letter, naming the setting and the source, never the value), so does a BROKER_URL naming no
+supported broker, and worker metrics bound beyond loopback without a token stop the worker."""
 
 from __future__ import annotations
 
@@ -79,3 +79,16 @@ def test_a_worker_bound_beyond_loopback_without_a_token_refuses_to_start(tmp_pat
     assert run.returncode == 2, run.stderr
     assert "WORKER_METRICS_HOST=0.0.0.0" in run.stderr
     assert "METRICS_TOKEN" in run.stderr
+
+
+@pytest.mark.parametrize("process", ["relay", "worker"])
+def test_a_broker_url_of_another_scheme_stops_the_start(process: str, tmp_path: Path) -> None:
+    """BROKER_URL=kafka://...: the relay (like every `idem` command) and the worker exit 2
+    naming BROKER_URL, its scheme and the schemes that work, before reaching any server."""
+    run = _start(PROCESSES[process], tmp_path, BROKER_URL="kafka://broker:9092")
+    assert run.returncode == 2, run.stderr
+    assert (
+        "idem: BROKER_URL has the scheme 'kafka': a broker URL starts with redis://, rediss://,"
+        " amqp://, amqps:// (redis: Redis, amqp: RabbitMQ)"
+    ) in run.stderr
+    assert "Traceback" not in run.stderr

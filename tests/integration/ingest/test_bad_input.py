@@ -126,7 +126,7 @@ def test_event_type_without_a_route_is_refused(stack: Stack, tmp_path: Path) -> 
     """An event type no route accepts gets 422 no_route: it would have nowhere to go."""
     routes = tmp_path / "routes.toml"
     routes.write_text('[[routes]]\nmatch = "crm.*"\naction = "noop"\n', encoding="utf-8")
-    narrow = Stack(stack.database_url, stack.redis_url, routes, tmp_path)
+    narrow = Stack(stack.database_url, stack.broker_url, routes, tmp_path)
     narrow.start_receiver()
     try:
         with narrow.client() as client:

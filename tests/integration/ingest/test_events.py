@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 
 import httpx
+import pytest
 
 from tests.support import Downstream, Stack, envelope, query, wait_until
 
@@ -15,6 +16,7 @@ def _succeeded(stack: Stack, key: str) -> dict[str, object] | None:
     return body if body.get("status") == "succeeded" else None
 
 
+@pytest.mark.brokers
 def test_same_envelope_twice_runs_the_action_once(stack: Stack, downstream: Downstream) -> None:
     """A repeat after success gets the first result and correlation id, and no second effect."""
     with stack.client() as client:
@@ -37,6 +39,7 @@ def test_same_envelope_twice_runs_the_action_once(stack: Stack, downstream: Down
     assert query(stack.database_url, "SELECT duplicate_count FROM idempotency_keys") == [(1,)]
 
 
+@pytest.mark.brokers(slow=("rabbitmq",))
 def test_fifty_identical_envelopes_at_once_run_one_action(
     stack: Stack, downstream: Downstream
 ) -> None:
@@ -112,6 +115,7 @@ def test_idempotency_key_header_replaces_the_derived_key(
     assert downstream.requests[0]["headers"]["Idempotency-Key"] == "webform:evt_42"
 
 
+@pytest.mark.brokers
 def test_many_events_end_to_end_through_the_http_action(
     stack: Stack, downstream: Downstream
 ) -> None:

@@ -21,7 +21,7 @@ def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(
     status code, content type and body as the schema documents. The schema is the app's own
     (the stack serves none: API_DOCS is off in production)."""
     app = create_app(
-        Settings(database_url=stack.database_url, redis_url=stack.redis_url),
+        Settings(database_url=stack.database_url, broker_url=stack.broker_url),
         load_routes(stack.routes_file),
     )
     schema = tmp_path / "openapi.json"

@@ -376,7 +376,11 @@ def test_the_console_is_disabled_without_a_token(
 ) -> None:
     """With OPERATOR_TOKEN unset the console says it is disabled (503) on every page."""
     closed = Stack(
-        stack.database_url, stack.redis_url, routes_file, tmp_path, extra_env={"OPERATOR_TOKEN": ""}
+        stack.database_url,
+        stack.broker_url,
+        routes_file,
+        tmp_path,
+        extra_env={"OPERATOR_TOKEN": ""},
     )
     closed.start_receiver()
     try:

@@ -99,7 +99,11 @@ def test_operator_api_is_disabled_without_a_token(
 ) -> None:
     """With OPERATOR_TOKEN unset the operator endpoints answer 503, never open."""
     closed = Stack(
-        stack.database_url, stack.redis_url, routes_file, tmp_path, extra_env={"OPERATOR_TOKEN": ""}
+        stack.database_url,
+        stack.broker_url,
+        routes_file,
+        tmp_path,
+        extra_env={"OPERATOR_TOKEN": ""},
     )
     closed.start_receiver()
     try:
@@ -525,6 +529,8 @@ def test_readiness_says_ready_or_not_and_logs_why(
     assert {"event": "readyz.not_ready", "failed": ["broker"]}.items() <= probes[-1].items()
 
 
+# It empties or counts inside Redis.
+@pytest.mark.brokers("redis")
 def test_a_flood_of_readyz_costs_one_broker_connection_and_a_check_a_second(
     private_stack: Stack,
 ) -> None:
@@ -532,7 +538,7 @@ def test_a_flood_of_readyz_costs_one_broker_connection_and_a_check_a_second(
     connection for them, the probe's one named connection is reused, and Redis answers at most
     one PING per second of the flood (plus one), not one per probe."""
     private_stack.start_receiver()
-    broker: redis.Redis[Any] = redis.Redis.from_url(private_stack.redis_url)
+    broker: redis.Redis[Any] = redis.Redis.from_url(private_stack.broker_url)
     with private_stack.client() as client:
         assert client.get("/readyz").status_code == 200
 

@@ -52,7 +52,7 @@ def _idem_show(stack: Stack, key: str, *args: str) -> subprocess.CompletedProces
     env = {
         **os.environ,
         "DATABASE_URL": stack.database_url,
-        "REDIS_URL": stack.redis_url,
+        "BROKER_URL": stack.broker_url,
         "ROUTES_FILE": str(stack.routes_file),
         "PYTHONPATH": str(ROOT),
         "COLUMNS": "250",

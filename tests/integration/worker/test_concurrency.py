@@ -8,6 +8,8 @@ import signal
 import threading
 from typing import Any
 
+import pytest
+
 from tests.support import Downstream, Reply, Stack, envelope, query, wait_until
 
 IN_FLIGHT = 32
@@ -35,6 +37,7 @@ def _statuses(stack: Stack) -> dict[str, str]:
     return dict(query(stack.database_url, "SELECT idempotency_key, status FROM idempotency_keys"))
 
 
+@pytest.mark.brokers(slow=("rabbitmq",))
 def test_a_worker_killed_with_32_attempts_in_flight_loses_and_doubles_nothing(
     private_stack: Stack, downstream: Downstream
 ) -> None:

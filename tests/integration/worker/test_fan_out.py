@@ -418,7 +418,7 @@ def test_an_events_deliveries_travel_in_one_message_and_its_copy_makes_no_second
     assert one_message in stack.logs("worker"), "no one message carried the three deliveries"
 
     # The broker delivers the message again (a copy of it, as after a lost ack).
-    settings = Settings(database_url=stack.database_url, redis_url=stack.redis_url)
+    settings = Settings(database_url=stack.database_url, broker_url=stack.broker_url)
     copy = [
         OutboxMessage(900_000 + n, key, PROCESS_TASK, "corr-copy", None, event_key)
         for n, key in enumerate(keys)

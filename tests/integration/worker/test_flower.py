@@ -160,7 +160,7 @@ def test_flower_shows_a_retry_as_retry_and_a_dead_letter_as_failure_with_their_c
 
         dead_tasks = wait_until(lambda: states("corr-dead", 1), timeout=30, interval=0.5)
         retry_tasks = wait_until(lambda: states("corr-re", 2), timeout=30, interval=0.5)
-        broker = redis_client.Redis.from_url(stack.redis_url)
+        broker = redis_client.Redis.from_url(stack.broker_url)
         # Acknowledged: nothing waits in the queue, nothing is held unacknowledged (where a
         # Celery countdown retry or a message left for redelivery would sit).
         wait_until(lambda: broker.llen(TASK_QUEUE) == 0 and broker.hlen("unacked") == 0, timeout=15)

@@ -13,7 +13,7 @@ from outbox.core.timeouts import TimingError, check_timing, timing_problems
 @pytest.fixture(autouse=True)
 def _no_timing_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Settings fill unset fields from the environment; these tests name every value."""
-    for name in ("LEASE_SECONDS", "VISIBILITY_TIMEOUT"):
+    for name in ("LEASE_SECONDS", "VISIBILITY_TIMEOUT", "BROKER_URL", "REDIS_URL"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -51,6 +51,15 @@ def test_visibility_timeout_below_twice_lease_plus_renewal_is_reported() -> None
     assert "80 s" in problems[0]
     assert "LEASE_SECONDS=30" in problems[0]
     assert "renewal 10" in problems[0]
+
+
+def test_visibility_timeout_is_not_checked_on_rabbitmq() -> None:
+    """RabbitMQ has no visibility timeout (it redelivers when the holder's connection ends): a
+    VISIBILITY_TIMEOUT Redis would refuse is no problem with an amqp:// BROKER_URL."""
+    settings = Settings(lease_seconds=30, visibility_timeout=79, broker_url="amqp://h/")
+    assert timing_problems(settings, DEFAULT_ROUTES) == []
+    redis = Settings(lease_seconds=30, visibility_timeout=79, broker_url="redis://h/0")
+    assert len(timing_problems(redis, DEFAULT_ROUTES)) == 1
 
 
 def test_visibility_timeout_at_the_minimum_passes() -> None:
