@@ -17,7 +17,7 @@ consumer cleans up in two steps (`Consumer.on_connection_error_after_connected`)
    restoring the unacknowledged messages, which asks the channel for a new Redis client, and
    `Channel._connparams` reads `self.connection.client.hostname` from the dropped settings:
    `AttributeError: 'NoneType' object has no attribute 'hostname'`. Celery's `ignore_errors`
-   around the close lets connection and channel errors through only, so the AttributeError
+   around the close swallows connection and channel errors only, so the AttributeError
    reaches the worker's blueprint: "Unrecoverable error", and the worker stops (`python -m
    worker` then exits 70). A task that finishes after the connection was lost has the same
    fate when its acknowledgement reaches its old, closed channel (`channel.connection` is None
@@ -29,18 +29,20 @@ left behind by a transport that was closed) raises `ChannelWithoutConnection`, a
 consumer reconnects and goes on consuming, and an acknowledgement that cannot be sent is
 logged ("Couldn't ack") and dropped.
 
-Nothing is lost by that. The restore that cannot run was going to fail anyway (Redis was not
-there); the messages it would have pushed back are still in Redis's `unacked` hash if Redis
-kept its data, and any worker's periodic restore hands them out again after
-`visibility_timeout`; if Redis lost its data, the sweeper re-drives their keys from the
-database. A message whose acknowledgement was dropped comes back the same way, and the claim
-refuses it, since its key is already finished. Tasks in flight are not stopped: they run to
-their end and record their outcomes in the database under their fence.
+Nothing is lost by that. The restore it skips runs milliseconds after the loss, when Redis is
+nearly always still away, so it would have failed as well; the messages it would have pushed
+back are still in Redis's `unacked` hash if Redis kept its data, and any worker's periodic
+restore hands them out again after `visibility_timeout`; if Redis lost its data, the sweeper
+re-drives their keys from the database. A message whose acknowledgement was dropped comes
+back the same way, and the claim refuses it, since its key is already finished. Tasks in
+flight are not stopped: they run to their end and record their outcomes in the database under
+their fence.
 
 `install()` applies the patch to kombu's Redis channel classes (the Sentinel channel
 inherits it) in this process; `create_worker_app` calls it. Remove this module when a kombu
 release closes every channel before dropping a transport's settings, or fails such a channel
-with a connection error itself; tests/integration/worker/test_broker_restart.py tells.
+with a connection error itself: the kombu test in
+tests/integration/worker/test_broker_restart.py, run without `install()`, tells.
 """
 
 from __future__ import annotations
