@@ -13,6 +13,9 @@ A task ends as its attempt did (`worker.task_state`): SUCCESS, RETRY for a retry
 the outbox, FAILURE for a dead letter, with the error code for Flower. Celery acknowledges all
 three (`task_acks_on_failure_or_timeout`) and re-publishes none.
 
+A Redis restart is a connection loss the worker recovers from: kombu's Redis channel is
+patched so that a channel left without its connection fails like one (`worker.broker`).
+
 `idem.process` carries one key; `idem.process_keys` an event's deliveries, each run as
 `idem.process` would run it, at once (`worker.deliveries`).
 """
@@ -35,7 +38,7 @@ from outbox.core.settings import Settings
 from outbox.core.timeouts import check_timing
 from outbox.core.wire import PROCESS_KEYS_TASK, PROCESS_TASK, TASK_QUEUE
 from outbox.store.engines import create_sync_engine
-from worker import metrics
+from worker import broker, metrics
 from worker.attempt import run_attempt
 from worker.deliveries import report_all, run_each
 from worker.guard import RouteGuard
@@ -101,6 +104,8 @@ def create_worker_app(settings: Settings) -> Celery:
     # Before any fork: a prefork child inherits the provider (its span processor restarts its
     # thread in the child).
     tracing.setup("idem-worker")
+    # A Redis restart must not stop the worker (kombu's channel bug, worker/broker.py).
+    broker.install()
     app = Celery("idem", broker=settings.broker(), set_as_current=True)
     app.conf.update(
         task_serializer="json",
