@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser run demo test test-slow chaos lint format up migrate clean bench flames constraints n8n-e2e node-test
+.PHONY: help install browser iptables run demo test test-slow chaos chaos-net lint format up migrate clean bench flames constraints n8n-e2e node-test
 
 help: ## List the targets with what they do
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -20,6 +20,14 @@ browser: ## Debian's chromium, no recommended packages, for the console's browse
 	  out=$$( { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends chromium; } 2>&1 ) || { echo "$$out"; exit 1; }; \
 	else echo "make browser: no /usr/bin/chromium (install Debian's chromium); the console's browser tests will fail"; fi
+
+iptables: ## Debian's iptables, for the multi-host soak's link faults (apt-get, as root; make test runs it)
+	@if command -v iptables >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "make iptables: apt-get install --no-install-recommends iptables"; \
+	  out=$$( { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends iptables; } 2>&1 ) || { echo "$$out"; exit 1; }; \
+	else echo "make iptables: no iptables; the multi-host soak's test will be skipped"; fi
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -54,7 +62,7 @@ demo: install ## Tell the story: a lost CRM answer, a redelivery, still one task
 
 # Test processes: two, one per core of the machine the suite is sized for (TEST_WORKERS=0: one).
 TEST_WORKERS ?= 2
-test: install browser ## Run the test suite (real PostgreSQL, Redis and Celery workers; slow soaks excluded)
+test: install browser iptables ## Run the test suite (real PostgreSQL, Redis and Celery workers; slow soaks excluded)
 	$(PY) -m pytest -n $(TEST_WORKERS)
 
 test-slow: $(BENCH_STAMP) ## Run the slow soaks only (route protection on real processes; n8n when installed; the bench's peers)
@@ -68,6 +76,11 @@ node-test: ## The n8n node package: npm ci, lint (n8n's node rules), build and i
 
 chaos: install ## Chaos soak: kills, restarts, lost answers; checks every event (5 min)
 	$(PY) -m tests.chaos.soak
+
+# Options of the soak, e.g. make chaos-net ARGS='--seconds 120 --seed 7'.
+ARGS ?=
+chaos-net: install iptables ## Chaos soak across 9 hosts (network namespaces, as root): cut, slow and lossy links (10 min)
+	$(PY) -m tests.chaos.net_soak $(ARGS)
 
 bench: $(BENCH_STAMP) ## Measure throughput, latency and memory, beside the peers, on this machine (~30 min; docs/performance.md)
 	$(PY) -m bench.run

@@ -10,9 +10,9 @@ meet here and in `outbox.cli`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -46,6 +46,36 @@ from outbox.store.engines import RECEIVER, create_receiver_engine, create_sync_e
 from outbox.store.readiness import Readiness
 
 log = get_logger(__name__)
+T = TypeVar("T")
+
+
+async def bounded_wait(operation: Awaitable[T], seconds: float) -> T:
+    """Await `operation` for at most `seconds`, then raise TimeoutError, however long the
+    operation itself takes to stop.
+
+    A plain `asyncio.timeout` waits for the cancelled step to end, and psycopg, cancelled
+    mid-query, first asks the server to cancel the query over a new connection (up to 5 s) and
+    then waits for the query again (up to 5 s more). Across a network that silently drops the
+    database's packets both waits run out: the 503 came 10 s after the bound (the multi-host
+    soak, docs/reliability.md). So the step runs as a task of its own: at the bound it is
+    cancelled and left to wind down alone (its connection goes back to the pool when it has),
+    and the caller is answered at once. The step may still commit while it winds down; a 503
+    never said it had not (the answer of a committed statement can be lost just the same).
+    """
+    step = asyncio.ensure_future(operation)
+    try:
+        async with asyncio.timeout(seconds):
+            return await asyncio.shield(step)
+    finally:
+        if not step.done():
+            step.cancel()
+            step.add_done_callback(_retrieve)
+
+
+def _retrieve(step: asyncio.Future[Any]) -> None:
+    """Take an abandoned step's outcome, so asyncio does not report it as never retrieved."""
+    if not step.cancelled():
+        step.exception()
 
 
 def create_server() -> ASGIApp:
@@ -155,8 +185,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
     async def database(operation: Any) -> Any:
         """Run a database step with a bounded wait; an outage becomes a 503 with Retry-After."""
         try:
-            async with asyncio.timeout(settings.db_timeout_seconds * 2):
-                return await operation
+            return await bounded_wait(operation, settings.db_timeout_seconds * 2)
         except (
             sa_exc.OperationalError,
             sa_exc.InterfaceError,

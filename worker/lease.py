@@ -8,7 +8,10 @@ write would be rejected anyway. If the database cannot be reached, the worker fe
 `GIVE_UP_MARGIN` of a lease BEFORE its own monotonic clock says the lease may have run out, it
 gives the attempt up too, so that in practice a late write never races a new holder (and in
 theory the fence stops it). The clock starts when the renewal was sent, which is no later than
-the database's `now()` that set the lease.
+the database's `now()` that set the lease. A claim whose answer comes back after that window
+has closed (held by the network, then delivered) is given up as the heartbeat begins, before the
+action starts: found by the multi-host soak (docs/reliability.md), where such an action sent a
+second write after another worker had taken the key over.
 
 One keeper thread per process renews every lease the process holds. Most actions finish long
 before their first renewal is due, so holding a lease costs a set insertion, not a thread
@@ -75,6 +78,12 @@ class Heartbeat:
 
     def __enter__(self) -> Heartbeat:
         _keeper().hold(self)
+        if time.monotonic() >= self.valid_until:
+            # The claim's answer came after the trust window had closed (a network that held
+            # it, then healed): the lease may be another's already. Given up here, before the
+            # attempt starts its action, the action sees `cancelled` on its first look; given
+            # up by the attempt's own wait, the action's thread could send first.
+            self.give_up("lease_expired_unconfirmed")
         return self
 
     def __exit__(

@@ -130,11 +130,14 @@ _PG_PROGRAMS = ("initdb", "postgres")
 
 @dataclass
 class EmbeddedPostgres:
-    """A PostgreSQL in `data_dir`, run as the current user, or as `nobody` under root."""
+    """A PostgreSQL in `data_dir` on `host`, also open to `clients` (a CIDR) when given, run
+    as the current user, or as `nobody` under root."""
 
     data_dir: Path
     bin_dir: Path = field(default_factory=postgres_binaries)
     port: int = 0
+    host: str = "127.0.0.1"
+    clients: str | None = None
     process: subprocess.Popen[bytes] | None = None
     _launch: Launch = field(init=False)
 
@@ -155,7 +158,7 @@ class EmbeddedPostgres:
     @property
     def url(self) -> str:
         password = (self.data_dir / PASSWORD_FILE).read_text().strip()
-        return f"postgresql+psycopg://postgres:{password}@127.0.0.1:{self.port}/postgres"
+        return f"postgresql+psycopg://postgres:{password}@{self.host}:{self.port}/postgres"
 
     def _prepare(self) -> None:
         """Make the data directory, owned by the server's identity, and choose how to launch it."""
@@ -217,6 +220,7 @@ class EmbeddedPostgres:
         URL once it answers."""
         self._prepare()
         self._initdb()
+        self._allow_clients()
         # A restart keeps its port, so the URLs handed out stay good.
         self.port = self.port or free_port()
         log = os.fdopen(
@@ -231,7 +235,7 @@ class EmbeddedPostgres:
                     "-p",
                     str(self.port),
                     "-c",
-                    "listen_addresses=127.0.0.1",
+                    f"listen_addresses={self.host}",
                     # TCP only: a socket path under a deep folder can exceed the 107-byte limit.
                     "-c",
                     "unix_socket_directories=",
@@ -247,6 +251,14 @@ class EmbeddedPostgres:
             log.close()
         self._wait_ready()
         return self.url
+
+    def _allow_clients(self) -> None:
+        """Let the `clients` network log in with the password (once; kept for restarts)."""
+        hba = self.data_dir / PGDATA / "pg_hba.conf"
+        line = f"host all all {self.clients} scram-sha-256"
+        if self.clients is not None and line not in hba.read_text().splitlines():
+            with hba.open("a") as conf:
+                conf.write(line + "\n")
 
     def _wait_ready(self, timeout: float = 60.0) -> None:
         import psycopg
@@ -321,14 +333,13 @@ def redis_server_binary() -> str:
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        return int(sock.getsockname()[1])
 
 
 def start_redis(
-    data_dir: Path, port: int | None = None, *, appendonly: bool = True
+    data_dir: Path, port: int | None = None, *, appendonly: bool = True, host: str = "127.0.0.1"
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """Start a redis-server on 127.0.0.1; returns the process and its URL once it answers."""
+    """Start a redis-server on `host`; returns the process and its URL once it answers."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     process = subprocess.Popen(
@@ -337,7 +348,7 @@ def start_redis(
             "--port",
             str(port),
             "--bind",
-            "127.0.0.1",
+            host,
             "--dir",
             str(data_dir),
             "--appendonly",
@@ -356,17 +367,19 @@ def start_redis(
         # Its own session: a terminal's Ctrl-C reaches `idem dev`, which stops it last.
         start_new_session=True,
     )
-    wait_for_port(port, process)
-    return process, f"redis://127.0.0.1:{port}/0"
+    wait_for_port(port, process, host=host)
+    return process, f"redis://{host}:{port}/0"
 
 
-def wait_for_port(port: int, process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+def wait_for_port(
+    port: int, process: subprocess.Popen[bytes], timeout: float = 10.0, host: str = "127.0.0.1"
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"server on port {port} exited with {process.returncode}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            with socket.create_connection((host, port), timeout=0.2):
                 return
         except OSError:
             time.sleep(0.05)

@@ -1,6 +1,8 @@
 """The soak's clients: deliver every planned request on time from a pool of threads, record
 every answer (status, timing, Retry-After, the key and state it reports), and come back
-later after a 503 or a connection error, as a well-behaved provider would.
+later after a 503 or a connection error, as a well-behaved provider would. With several
+receivers, each request goes to the next one in turn, as behind a round-robin load balancer
+without health checks: a retry meets the other receiver half of the time.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import heapq
 import itertools
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +22,10 @@ from tests.chaos.plan import CONFLICT, Delivery
 
 # A request that takes longer than this is a hang, whatever it returns.
 CLIENT_TIMEOUT_SECONDS = 20.0
+# An idle connection is dropped after this long, well before the receiver closes it (its
+# keep-alive, KEEP_ALIVE_SECONDS, is 5 s): a request sent on a connection the server is closing
+# fails without an answer (HTTP/1.1's keep-alive race), which says nothing of the gateway.
+KEEPALIVE_EXPIRY_SECONDS = 2.0
 
 
 @dataclass
@@ -38,6 +45,7 @@ class Answer:
     superseded_by: str | None = None
     # A fan-out event's answer: the keys of its deliveries, in the order listed.
     deliveries: list[str] | None = None
+    receiver: str = ""  # the base URL of the receiver that was asked
 
 
 class Scheduler:
@@ -45,8 +53,13 @@ class Scheduler:
     `start()`) on a pool of `threads` threads; a delivery may be put back for later
     (`requeue`) until it reports its final answer (`finished`)."""
 
-    def __init__(self, deliveries: list[Delivery], threads: int, name: str) -> None:
+    def __init__(
+        self, deliveries: list[Delivery], threads: int, name: str, base_url: str | Sequence[str]
+    ) -> None:
         self.deliveries = deliveries
+        self.base_urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        self.base_url = self.base_urls[0]
+        self._turn = itertools.count()
         self._heap: list[tuple[float, int, int]] = []  # (due, tiebreak, delivery id)
         self._seq = itertools.count()
         self._lock = threading.Lock()
@@ -94,12 +107,17 @@ class Scheduler:
                 self._pool.submit(self.deliver, delivery_id)
             self._stop.wait(min(max(wait, 0.0), 0.05))
 
+    def receiver(self) -> str:
+        """The receiver for the next request: each in turn."""
+        return self.base_urls[next(self._turn) % len(self.base_urls)]
+
     def client(self, base_url: str, **options: Any) -> httpx.Client:
         """This thread's HTTP client for `base_url` (httpx clients are not shared between
         threads); `options` apply when it is first made."""
         clients: dict[str, httpx.Client] = self._local.__dict__.setdefault("clients", {})
         if base_url not in clients:
             options.setdefault("timeout", CLIENT_TIMEOUT_SECONDS)
+            options.setdefault("limits", httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS))
             clients[base_url] = httpx.Client(base_url=base_url, **options)
         return clients[base_url]
 
@@ -132,9 +150,10 @@ class Sender(Scheduler):
     """Posts `deliveries` to /v1/events at their planned times from `threads` threads; a 503
     or connection error is retried after Retry-After (or a second)."""
 
-    def __init__(self, base_url: str, deliveries: list[Delivery], threads: int = 24) -> None:
-        super().__init__(deliveries, threads, "client")
-        self.base_url = base_url
+    def __init__(
+        self, base_url: str | Sequence[str], deliveries: list[Delivery], threads: int = 24
+    ) -> None:
+        super().__init__(deliveries, threads, "client", base_url)
         self.answers: list[Answer] = []
         self.final: dict[int, Answer] = {}  # delivery id -> its final answer
         self.accepted: dict[int, threading.Event] = {
@@ -149,14 +168,15 @@ class Sender(Scheduler):
             self.requeue(delivery_id, 1.0)
             return
         started = self.now()
-        answer = Answer(event.index, delivery.kind, started, 0.0, None)
+        base_url = self.receiver()
+        answer = Answer(event.index, delivery.kind, started, 0.0, None, receiver=base_url)
         try:
-            response = self.client(self.base_url).post("/v1/events", json=delivery.body)
+            response = self.client(base_url).post("/v1/events", json=delivery.body)
         except httpx.HTTPError as error:
             answer.elapsed = self.now() - started
             answer.error = type(error).__name__
             self.answers.append(answer)
-            self.drop_client(self.base_url)
+            self.drop_client(base_url)
             self.requeue(delivery_id, 1.0)
             return
         answer.elapsed = self.now() - started

@@ -15,6 +15,13 @@ key that saw the other one.
 Writes to the ordered collection (`plan.ORDERED_COLLECTION`) carry a contact and its version
 in the body; each committed one is appended to that contact's list, so the checker sees the
 order versions were applied in.
+
+Every request is also logged with its arrival time (the wall clock, which PostgreSQL's `now()`
+shares on one machine) and the address it came from: the multi-host soak tells its worker hosts
+apart by address and checks that no write arrived from a holder whose lease had been taken over
+(tests/chaos/net_check.py). That soak also has the CRM hold one request of a host a moment
+(`catch_request`) while it cuts the host from PostgreSQL, so the cut finds an attempt
+mid-action.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote
@@ -35,6 +43,8 @@ from tests.chaos import plan
 # Past the routes' read timeout (1 s): the worker gives up before the answer comes.
 SLOW_ANSWER_SECONDS = 2.5
 ACTOR_HEADER = "X-Chaos-Actor"
+# A caught request is answered after at most this long: inside the routes' 1 s read timeout.
+CATCH_HOLD_SECONDS = 0.8
 WORKFLOW = "workflow"
 GATEWAY = "gateway"
 
@@ -48,9 +58,25 @@ class _Server(ThreadingHTTPServer):
         pass
 
 
+@dataclass(frozen=True)
+class Request:
+    """One request as it arrived: when (wall clock), from where, what, for which key."""
+
+    at: float
+    peer: str
+    method: str
+    key: str
+    actor: str
+
+
 class FakeCrm:
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, host: str = "127.0.0.1") -> None:
         self.seed = seed
+        self.host = host
+        # Every request, in arrival order.
+        self.requests: list[Request] = []
+        # An armed catch: (address, set when a write is held, set to answer it).
+        self._catch: tuple[str, threading.Event, threading.Event] | None = None
         self.lock = threading.Lock()
         self.effects: Counter[str] = Counter()
         self.refs: dict[str, str] = {}
@@ -82,7 +108,7 @@ class FakeCrm:
     @property
     def url(self) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://{self.host}:{self._server.server_address[1]}"
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
@@ -99,6 +125,7 @@ class FakeCrm:
                 "writes_while_flaky": self.writes_while_flaky,
                 "refused_while_flaky": self.refused_while_flaky,
                 "applied": {contact: list(writes) for contact, writes in self.applied.items()},
+                "requests": list(self.requests),
             }
 
     def spell_writes(self) -> dict[str, int]:
@@ -167,9 +194,36 @@ class FakeCrm:
         with self.lock:
             return self.effects[key]
 
-    def _seen(self, key: str, actor: str | None) -> None:
+    def _seen(self, key: str, actor: str | None, peer: str = "", method: str = "") -> None:
+        kind = WORKFLOW if actor == WORKFLOW else GATEWAY
         with self.lock:
-            self.actors.setdefault(key, Counter())[WORKFLOW if actor == WORKFLOW else GATEWAY] += 1
+            self.actors.setdefault(key, Counter())[kind] += 1
+            self.requests.append(Request(time.time(), peer, method, key, kind))
+
+    def catch_request(self, peer: str) -> threading.Event:
+        """Hold the gateway's next request (a write or a lookup) from `peer`, once, after it
+        was handled and before it is answered, until `release_caught()` (or
+        CATCH_HOLD_SECONDS); the event returned is set when one is held. Its sender is then
+        mid-attempt, holding a lease."""
+        caught = threading.Event()
+        with self.lock:
+            self._catch = (peer, caught, threading.Event())
+        return caught
+
+    def release_caught(self) -> None:
+        with self.lock:
+            catch, self._catch = self._catch, None
+        if catch is not None:
+            catch[2].set()
+
+    def _hold(self, peer: str, actor: str | None) -> None:
+        """Hold this request if a catch is armed for its sender and nothing is held yet."""
+        with self.lock:
+            catch = self._catch
+            if catch is None or catch[0] != peer or actor == WORKFLOW or catch[1].is_set():
+                return
+            catch[1].set()
+        catch[2].wait(CATCH_HOLD_SECONDS)
 
     def _commit(self, key: str, collection: str, body: bytes) -> str:
         with self.lock:
@@ -202,10 +256,11 @@ class FakeCrm:
                     self._answer(404, {}, {})
                     return
                 key = unquote(rest)
-                crm._seen(key, self.headers.get(ACTOR_HEADER))
+                crm._seen(key, self.headers.get(ACTOR_HEADER), self.client_address[0], "GET")
                 with crm.lock:
                     crm.lookups[key] += 1
                     ref = crm.refs.get(key)
+                crm._hold(self.client_address[0], self.headers.get(ACTOR_HEADER))
                 if ref is None:
                     self._answer(404, {"error": "not found"}, {})
                 else:
@@ -225,7 +280,7 @@ class FakeCrm:
                 body = self.rfile.read(length)
                 key = self.headers.get("idempotency-key", "")
                 collection = self.path.strip("/").split("/", 1)[0]
-                crm._seen(key, self.headers.get(ACTOR_HEADER))
+                crm._seen(key, self.headers.get(ACTOR_HEADER), self.client_address[0], "POST")
                 if crm._refused(self.path, self.headers.get(ACTOR_HEADER)):
                     with contextlib.suppress(OSError):
                         self._answer(503, {"error": "down"}, {})
@@ -241,6 +296,7 @@ class FakeCrm:
                         crm.injected["slow"] += 1
                     elif status >= 300:
                         crm.injected[str(status)] += 1
+                crm._hold(self.client_address[0], self.headers.get(ACTOR_HEADER))
                 if delay:
                     time.sleep(delay)
                 if drop:
@@ -254,7 +310,7 @@ class FakeCrm:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._server = _Server(("127.0.0.1", 0), Handler)
+        self._server = _Server((self.host, 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 

@@ -14,8 +14,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -230,3 +232,50 @@ class Fleet:
 
     def metrics_dirs(self) -> list[Path]:
         return sorted(p for p in self.metrics_root.iterdir() if p.is_dir())
+
+
+# A worker still alive this long after Celery logged "Unrecoverable error" is counted hung.
+HUNG_AFTER = 20.0
+
+
+@dataclass
+class Supervisor:
+    """Watches the fleet as compose's restart policy and a liveness probe would: a process
+    that ends although nobody killed it, or a worker still there HUNG_AFTER seconds after it
+    logged Celery's "Unrecoverable error" (a husk that takes no task), is recorded as an
+    incident and replaced. `now` is the soak's clock; `where` adds what the soak knows of a
+    process (its host) to the incident."""
+
+    fleet: Fleet
+    now: Callable[[], float]
+    concurrency: int
+    errors: list[str]
+    where: Callable[[Proc], dict[str, Any]] = lambda _: {}
+    incidents: list[dict[str, Any]] = field(default_factory=list)
+
+    def supervise(self) -> None:
+        now = self.now()
+        for proc in self.fleet.alive("worker"):
+            if proc.broken_since is None and "Unrecoverable error" in self.fleet.new_log_text(proc):
+                proc.broken_since = now
+            if proc.broken_since is not None and now - proc.broken_since > HUNG_AFTER:
+                self.fleet.kill(proc)
+                self._incident(proc, f"hung {HUNG_AFTER:.0f} s after an unrecoverable error")
+        for proc in self.fleet.unexpected_exits():
+            self._incident(proc, f"exited by itself with code {proc.process.returncode}")
+
+    def _incident(self, proc: Proc, what: str) -> None:
+        incident: dict[str, Any] = {
+            "noticed_at": round(self.now(), 2),
+            "process": proc.name,
+            **self.where(proc),
+            "what": what,
+            "last_error": self.fleet.last_error(proc),
+        }
+        try:
+            incident["replaced_by"] = self.fleet.replace(proc, self.concurrency).name
+        except Exception as error:
+            incident["replaced_by"] = None
+            self.errors.append(f"replacing {proc.name}: {error!r}")
+        self.incidents.append(incident)
+        print(f"incident  {incident}", file=sys.stderr, flush=True)

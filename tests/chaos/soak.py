@@ -39,13 +39,11 @@ from outbox.store.migrate import upgrade
 from tests.chaos import check, fan_out, fan_out_check, plan
 from tests.chaos.client import Sender
 from tests.chaos.crm import FakeCrm
-from tests.chaos.servers import Fleet, OwnPostgres, OwnRedis, Proc
+from tests.chaos.servers import Fleet, OwnPostgres, OwnRedis, Supervisor
 from tests.chaos.workflow import Workflows
 from tests.support import ROOT
 
 DEFAULT_REPORT = ROOT / ".idem" / "chaos-report.json"
-# A worker still alive this long after Celery logged "Unrecoverable error" is counted hung.
-HUNG_AFTER = 20.0
 
 
 def write_routes(path: Path, crm_url: str, max_attempts: int) -> Path:
@@ -126,7 +124,8 @@ class Chaos:
         self.counts: Counter[str] = Counter()
         self.outage: tuple[float, float] | None = None
         self.errors: list[str] = []
-        self.incidents: list[dict[str, Any]] = []
+        self.supervisor = Supervisor(fleet, sender.now, concurrency, self.errors)
+        self.incidents = self.supervisor.incidents
         # Each spell's ending fault: the fault that begins it, its planned length, and how many
         # of the gateway's writes must meet it (see `plan.spell_over`).
         self.spell_ends = {
@@ -149,7 +148,7 @@ class Chaos:
                 pending.remove(due)
                 self._do(due)
                 continue
-            self.supervise()
+            self.supervisor.supervise()
             self.stop.wait(0.25)
 
     def _due(self, fault: plan.Fault) -> bool:
@@ -185,35 +184,6 @@ class Chaos:
         }
         self.log.append(entry)
         say(f"fault  {entry}")
-
-    def supervise(self) -> None:
-        now = self.sender.now()
-        for proc in self.fleet.alive("worker"):
-            # A Celery worker that logged "Unrecoverable error" is shutting down; if it is
-            # still there after HUNG_AFTER seconds it is a husk that takes no task: a
-            # liveness probe would kill it, and so does the soak.
-            if proc.broken_since is None and "Unrecoverable error" in self.fleet.new_log_text(proc):
-                proc.broken_since = now
-            if proc.broken_since is not None and now - proc.broken_since > HUNG_AFTER:
-                self.fleet.kill(proc)
-                self._incident(proc, f"hung {HUNG_AFTER:.0f} s after an unrecoverable error")
-        for proc in self.fleet.unexpected_exits():
-            self._incident(proc, f"exited by itself with code {proc.process.returncode}")
-
-    def _incident(self, proc: Proc, what: str) -> None:
-        incident: dict[str, Any] = {
-            "noticed_at": round(self.sender.now(), 2),
-            "process": proc.name,
-            "what": what,
-            "last_error": self.fleet.last_error(proc),
-        }
-        try:
-            incident["replaced_by"] = self.fleet.replace(proc, self.concurrency).name
-        except Exception as error:
-            incident["replaced_by"] = None
-            self.errors.append(f"replacing {proc.name}: {error!r}")
-        self.incidents.append(incident)
-        say(f"incident  {incident}")
 
     def kill_worker(self) -> dict[str, Any]:
         victim = self.rng.choice(self.fleet.alive("worker"))
@@ -400,14 +370,7 @@ def table(report: dict[str, Any]) -> str:
             f"{g['outbox_rows']} outbox rows (messages) for {s['events']} events;"
             f" {g['blocked_deliveries']} deliveries refused by the claim",
         ),
-        ("retries by code", _fmt(g["retries_by_code"])),
-        ("attempts", _fmt(g["attempts_by_outcome"])),
-        (
-            "leases reclaimed",
-            f"{g['leases_reclaimed']} (sweeper re-drove"
-            f" {g['sweeper'].get('leases_reclaimed', 0)} expired leases and"
-            f" {g['sweeper'].get('redriven', 0)} lost messages)",
-        ),
+        *attempt_rows(g),
         (
             "reconciled",
             f"{g['reconciled'].get('found', 0)} found,"
@@ -475,6 +438,67 @@ def table(report: dict[str, Any]) -> str:
             f" refused; circuit opened {p['circuit_opened']}, closed {p['circuit_closed']}"
             f" times; ends {p['final_circuit']}",
         ),
+        *closing_rows(report),
+    ]
+    head = (
+        f"idem chaos soak: seed {report['seed']}, {report['duration']:g} s,"
+        f" {report['events']} events,"
+        f" {report['workers']} workers x {report['concurrency']}, {report['started_at']}"
+    )
+    return render(head, rows)
+
+
+def machine_and_sent(
+    timeline: Timeline, events: int, posted: list[plan.Delivery], sender: Sender
+) -> dict[str, Any]:
+    """The machine's load and what the clients sent, in both soaks' reports."""
+    return {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "max_load1": round(timeline.max_load, 2),
+            "load1_at_end": round(os.getloadavg()[0], 2),
+        },
+        "sent": {
+            "events": events,
+            "deliveries": len(posted),
+            "by_kind": dict(Counter(d.kind for d in posted)),
+            "requests": len(sender.answers),
+        },
+    }
+
+
+def attempt_rows(gateway: dict[str, Any]) -> list[tuple[str, str]]:
+    """Retries, attempts and reclaimed leases, in both soaks' tables."""
+    sweeper = gateway["sweeper"]
+    return [
+        ("retries by code", _fmt(gateway["retries_by_code"])),
+        ("attempts", _fmt(gateway["attempts_by_outcome"])),
+        (
+            "leases reclaimed",
+            f"{gateway['leases_reclaimed']} (sweeper re-drove"
+            f" {sweeper.get('leases_reclaimed', 0)} expired leases and"
+            f" {sweeper.get('redriven', 0)} lost messages)",
+        ),
+    ]
+
+
+def crm_facts(crm_state: dict[str, Any]) -> dict[str, Any]:
+    """What the CRM saw, in both soaks' reports: effects, keys with more than one, requests."""
+    effects = crm_state["effects"]
+    return {
+        "effects_total": sum(effects.values()),
+        "keys_with_effect": len(effects),
+        "keys_with_more_than_one": sum(1 for n in effects.values() if n > 1),
+        "writes": sum(crm_state["posts"].values()),
+        "lookups": sum(crm_state["lookups"].values()),
+        "injected": crm_state["injected"],
+    }
+
+
+def closing_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """The table's last rows, in both soaks: incidents, quiescence, machine, violations."""
+    total = report["violations"]["total"]
+    return [
         ("incidents", _incidents(report["incidents"])),
         ("quiescence", _quiescence(report)),
         (
@@ -484,20 +508,13 @@ def table(report: dict[str, Any]) -> str:
         ),
         (
             "violations",
-            f"{report['violations']['total']}"
-            + (
-                f" ({_fmt(report['violations']['by_check'])})"
-                if report["violations"]["total"]
-                else ""
-            ),
+            f"{total}" + (f" ({_fmt(report['violations']['by_check'])})" if total else ""),
         ),
     ]
+
+
+def render(head: str, rows: list[tuple[str, str]]) -> str:
     width = max(len(name) for name, _ in rows)
-    head = (
-        f"idem chaos soak: seed {report['seed']}, {report['duration']:g} s,"
-        f" {report['events']} events,"
-        f" {report['workers']} workers x {report['concurrency']}, {report['started_at']}"
-    )
     return "\n".join([head, *(f"  {name:<{width}}  {value}" for name, value in rows)])
 
 
@@ -685,7 +702,6 @@ def run(args: argparse.Namespace) -> int:
             if not chaos.counts[kind]:
                 violations.add("fault_missing", f"no {kind} happened")
 
-        effects = crm_state["effects"]
         dead_kinds: Counter[str] = Counter(
             kind for letters in db.dead_letters.values() for kind, _ in letters
         )
@@ -701,31 +717,14 @@ def run(args: argparse.Namespace) -> int:
             "quiescence_seconds": round(quiet_after, 1) if quiet else None,
             "quiescent_within_bound": within_bound,
             "quiesce_timeout": args.quiesce_timeout,
-            "machine": {
-                "cpus": os.cpu_count(),
-                "max_load1": round(timeline.max_load, 2),
-                "load1_at_end": round(os.getloadavg()[0], 2),
-            },
             "last_request_at": round(last_request, 1),
-            "sent": {
-                "events": len(events) - claims_facts["events"],
-                "deliveries": len(posted),
-                "by_kind": dict(Counter(d.kind for d in posted)),
-                "requests": len(sender.answers),
-            },
+            **machine_and_sent(timeline, len(events) - claims_facts["events"], posted, sender),
             "claims": claims_facts,
             "ordered": ordered_facts,
             "fan_out": fan_out_facts,
             "behaviours": dict(Counter(e.behaviour.kind for e in events)),
             "answers": facts,
-            "crm": {
-                "effects_total": sum(effects.values()),
-                "keys_with_effect": len(effects),
-                "keys_with_more_than_one": sum(1 for n in effects.values() if n > 1),
-                "writes": sum(crm_state["posts"].values()),
-                "lookups": sum(crm_state["lookups"].values()),
-                "injected": crm_state["injected"],
-            },
+            "crm": crm_facts(crm_state),
             "gateway": {
                 "statuses": dict(Counter(r["status"] for r in db.keys.values())),
                 "dead_letters_by_kind": dict(dead_kinds),

@@ -28,6 +28,7 @@ import random
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -95,6 +96,10 @@ class Ledger:
         default_factory=lambda: defaultdict(list)
     )
     abandoned: set[str] = field(default_factory=set)
+    # key -> ("complete", via) or ("fail", (error_code, retryable, effect)) of every /complete
+    # or /fail whose answer was lost (no answer, or a 503 after which it was not accepted
+    # again): it may have landed. A later claim that finds the key final tells that it did.
+    unconfirmed: dict[str, list[tuple[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     # (check, detail) for what a workflow saw that breaks the contract
     problems: list[tuple[str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -107,6 +112,20 @@ class Ledger:
         with self.lock:
             self.outcomes[how] += 1
 
+    def confirm(self, key: str, endpoint: str) -> None:
+        """The key was found final (`complete`: succeeded, `fail`: failed_final) although no
+        such call of ours was answered 200: the one whose answer was lost landed. Only a
+        workflow finishes a claims key, so it was one of ours (the first of them, if several:
+        the later ones met a finished key)."""
+        with self.lock:
+            lost = [detail for kind, detail in self.unconfirmed.pop(key, []) if kind == endpoint]
+            if endpoint == "complete" and lost and not self.completed_via[key]:
+                self.completed_via[key].append(lost[0])
+            final = [d for d in lost if endpoint == "fail" and not d[1]]
+            declared = self.declared[key]
+            if final and (not declared or declared[-1][1]):
+                declared.append(final[0])
+
 
 class Workflows(Scheduler):
     """Runs the claims deliveries: each is a workflow run against the receiver's /v1/claims
@@ -114,15 +133,14 @@ class Workflows(Scheduler):
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         crm: FakeCrm,
         deliveries: list[Delivery],
         token: str,
         seed: int,
         threads: int = 12,
     ) -> None:
-        super().__init__(deliveries, threads, "workflow")
-        self.base_url = base_url
+        super().__init__(deliveries, threads, "workflow", base_url)
         self.crm = crm
         self.headers = {"Authorization": f"Bearer {token}"}
         self.ledger = Ledger()
@@ -168,10 +186,12 @@ class Workflows(Scheduler):
         if status in (200, 201, 409) or state == "idempotency_key_reused":
             self.known[event.index].set()
         if status == 200 and state == "already_succeeded":
+            self.ledger.confirm(event.key, "complete")
             return Done("already_succeeded")
         if status == 409 and state == "in_progress":
             return Again(_retry_after(headers), "in_progress")
         if status == 409 and state in ("failed_final", "quarantined"):
+            self.ledger.confirm(event.key, "fail")
             return Done(str(state))
         if status == 422 and state == "idempotency_key_reused":
             return Done("conflict_refused")
@@ -280,7 +300,10 @@ class Workflows(Scheduler):
 
     def _complete(self, event: PlannedEvent, token: str, ref: str, via: str) -> Done | Again:
         body = {"lease_token": token, "result": {"task_id": ref, "via": via}, "external_ref": ref}
-        status, answer = self._finish(event, "complete", body)
+        status, answer, lost = self._finish(event, "complete", body)
+        if lost and status != 200:
+            with self.ledger.lock:
+                self.ledger.unconfirmed[event.key].append(("complete", via))
         if status == 200:
             with self.ledger.lock:
                 self.ledger.completed_via[event.key].append(via)
@@ -305,7 +328,10 @@ class Workflows(Scheduler):
             "detail": f"CRM call: {error_code}",
             "effect": effect,
         }
-        status, answer = self._finish(event, "fail", body)
+        status, answer, lost = self._finish(event, "fail", body)
+        if lost and status != 200:
+            with self.ledger.lock:
+                self.ledger.unconfirmed[event.key].append(("fail", (error_code, retryable, effect)))
         if status == 200:
             with self.ledger.lock:
                 self.ledger.declared[event.key].append((error_code, retryable, effect))
@@ -317,13 +343,18 @@ class Workflows(Scheduler):
 
     def _finish(
         self, event: PlannedEvent, endpoint: str, body: dict[str, Any]
-    ) -> tuple[int | None, str | None]:
-        """/complete or /fail, retried through an outage (503, no answer) for a while."""
+    ) -> tuple[int | None, str | None, bool]:
+        """/complete or /fail, retried through an outage (503, no answer) for a while; the
+        last answer, and whether an earlier one was lost (the call may have landed: a 503 can
+        come from a receiver whose database answer went missing after it committed)."""
         give_up = time.monotonic() + FINISH_PATIENCE_SECONDS
+        lost = False
         while True:
             status, answer, headers = self._call(event, endpoint, f"/{endpoint}", body)
+            if status is None or status == 503:
+                lost = True
             if (status is not None and status != 503) or time.monotonic() > give_up:
-                return status, _state(answer)
+                return status, _state(answer), lost
             time.sleep(_retry_after(headers))
 
     def _call(
@@ -334,12 +365,13 @@ class Workflows(Scheduler):
         started = self.now()
         call = Call(event.index, endpoint, started, 0.0, None)
         self.ledger.calls.append(call)
+        base_url = self.receiver()
         try:
-            response = self.client(self.base_url).post(path, json=body, headers=self.headers)
+            response = self.client(base_url).post(path, json=body, headers=self.headers)
         except httpx.HTTPError as error:
             call.elapsed = self.now() - started
             call.error = type(error).__name__
-            self.drop_client(self.base_url)
+            self.drop_client(base_url)
             return None, {}, httpx.Headers()
         call.elapsed = self.now() - started
         call.status = response.status_code
