@@ -63,12 +63,15 @@ class Run:
     keep_logs: bool = False
 
     def stop(self) -> None:
-        """Stop the clients, heal every fault, stop every process (safe to call twice)."""
+        """Stop the faults and the clients, heal every fault, stop every process (safe to
+        call twice). The fault thread stops first: a soak cut short starts no fault while
+        its clients finish their requests."""
+        if self.chaos is not None:
+            self.chaos.stop.set()
         for scheduler in (self.sender, self.workflows):
             if scheduler is not None:
                 scheduler.stop()
         if self.chaos is not None:
-            self.chaos.stop.set()
             self.chaos.thread.join(timeout=30)
             self.chaos.heal_all()
         if self.fleet is not None:
