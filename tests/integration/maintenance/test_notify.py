@@ -160,6 +160,9 @@ def test_a_burst_of_dead_letters_is_one_message_per_target_from_two_sweepers(
     wait_until(lambda: len(target.bodies("/hook")) == 2, timeout=30)
     wait_until(lambda: len(target.bodies("/slack")) == 2, timeout=30)
     assert target.bodies("/hook")[1]["data"]["total"] == 1
+    # A target has the message a moment before the sweeper marks its notice sent.
+    sent = "SELECT count(*) FROM notices WHERE sent_at IS NOT NULL"
+    wait_until(lambda: query(stack.database_url, sent)[0][0] == 4)
     spacing = query(
         stack.database_url,
         "SELECT target, EXTRACT(EPOCH FROM max(sent_at) - min(sent_at)), count(*)"

@@ -22,7 +22,7 @@ KEYS = 30_000
 
 def test_a_large_expired_backlog_is_purged_in_batches(db: str) -> None:
     """30 000 succeeded keys (with their events and published outbox rows) whose TTL ran out,
-    0.2 s statement timeout: the count and the purge complete, batch by batch, and an
+    0.5 s statement timeout: the count and the purge complete, batch by batch, and an
     interrupted purge (a bounded number of batches) simply goes on at the next run."""
     query(
         db,
@@ -44,7 +44,7 @@ def test_a_large_expired_backlog_is_purged_in_batches(db: str) -> None:
         " SELECT idempotency_key, 'process', correlation_id, now() - interval '39 days'"
         " FROM idempotency_keys",
     )
-    settings = Settings(database_url=db, redis_url="redis://unused", db_timeout_seconds=0.2)
+    settings = Settings(database_url=db, redis_url="redis://unused", db_timeout_seconds=0.5)
     engine: Engine = create_sync_engine(settings)
     try:
         assert purge(engine, dry_run=True).expired_keys == KEYS

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.chaos.plan import derived_key
 from tests.support import Downstream, Reply, Stack, envelope, libpq, query, wait_until
@@ -120,11 +121,16 @@ def test_keys_always_refused_end_as_dead_letters_without_delaying_the_healthy(
     assert '"route.circuit_opened"' not in stack.logs("worker")
 
 
+@pytest.mark.parametrize(
+    "spell",
+    [pytest.param(10.0, id="10s"), pytest.param(30.0, id="30s", marks=pytest.mark.slow)],
+)
 def test_a_flaky_spell_delivers_every_event_once(
-    protected: tuple[Stack, Path], downstream: Downstream
+    protected: tuple[Stack, Path], downstream: Downstream, spell: float
 ) -> None:
-    """For 30 s the downstream refuses 40 % of requests at random while 60 events arrive: every
-    event succeeds exactly once, and the backlog is gone within a minute of the spell's end."""
+    """For `spell` seconds the downstream refuses 40 % of requests at random while 60 events
+    arrive: every event succeeds exactly once, and the backlog is gone within a minute of the
+    spell's end."""
     stack, routes = protected
     _routes(
         routes, downstream.url, max_attempts=12, backoff_base_seconds=0.5, backoff_cap_seconds=5
@@ -135,7 +141,6 @@ def test_a_flaky_spell_delivers_every_event_once(
     rng = random.Random(23)
     draw = threading.Lock()
     refusals: list[str] = []
-    spell = 30.0
     started = time.monotonic()
     ends = started + spell
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event
 
+import worker.siblings
 from tests.support import query, seed_pending_key
 from worker.siblings import Siblings, claim_together
 from worker.store import Blocked, Claim, KeyStore
@@ -92,11 +93,17 @@ def test_keys_claimed_together_are_each_taken_or_refused_as_alone(
 
 
 def test_siblings_successes_are_one_statement_each_under_its_own_fence(
-    own_database: str, worker_engine: Engine, statements: Counter[str]
+    own_database: str,
+    worker_engine: Engine,
+    statements: Counter[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Three deliveries succeed at once: one statement writes all three, with their results
     and attempt rows; a fourth whose lease another worker took since writes nothing, and the
     new holder's row is untouched."""
+    # The four threads' successes must meet however slowly a busy machine starts them; the
+    # write goes as soon as no sibling is left to succeed, not when the linger ends.
+    monkeypatch.setattr(worker.siblings, "LINGER_SECONDS", 30.0)
     db = own_database
     store = KeyStore(worker_engine)
     keys = [seed_pending_key(db, f"batch-{n}") for n in range(4)]
