@@ -111,9 +111,27 @@ def after_failure(
         cap=route.backoff_cap_seconds,
         rng=rng,
     )
+    delay = max(delay, in_flight_floor(route, failure))
     if failure.window_seconds is not None:
         # The last try lands at the window's end, not past it.
         delay = min(delay, failure.window_seconds - spent)
     if spent + delay > route.retry_deadline_seconds:
         return DeadLetter(failure, "retries_exhausted", reconciled_absent)
     return RetryLater(failure, delay, reconciled_absent)
+
+
+def in_flight_floor(route: ActionSettings, failure: Failure) -> float:
+    """The least wait after a request that got no answer: it may still be on its way.
+
+    A request whose answer never came (a read or write timeout, a dropped connection, the
+    action's time limit) can reach the downstream after its attempt has ended: a slow or lossy
+    link delays it, a busy server takes it late. The next attempt looks the key up first and
+    acts again when the lookup finds nothing, so the lookup must come after such a request had
+    the time it was given to land: the route's connect plus read timeout. The backoff alone
+    may retry within milliseconds (full jitter), and a lookup that early made a second effect
+    in the multi-host soak (docs/reliability.md, "Findings of the multi-host soak", 3). An
+    answered failure (a 500) has landed already, and a python action sends no request.
+    """
+    if failure.uncertain and failure.status_code is None:
+        return route.action_timeout_seconds
+    return 0.0

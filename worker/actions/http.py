@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import struct
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +33,14 @@ from worker.errors import ActionError, RequestInvalid, TransientError, error_for
 # A stored result is returned to every later duplicate; large bodies are not worth keeping.
 MAX_STORED_BODY_BYTES = 65_536
 
+# A connection is closed with a reset, not a FIN: the kernel drops what it has not delivered.
+# A connection is closed only when idle (every answer read) or after a timeout or an error,
+# when the request is given up: an uncertain attempt. Closed gracefully, the kernel would go
+# on retransmitting such a request for minutes, and it could reach the downstream after the
+# next attempt's lookup had found nothing: a second effect (docs/reliability.md, "Findings of
+# the multi-host soak", 3).
+RESET_ON_CLOSE = (socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
 _client: httpx.Client | None = None
 _client_pid = 0
 
@@ -41,10 +51,11 @@ def client() -> httpx.Client:
     if _client is None or _client_pid != os.getpid():
         # No cap on connections: a worker's concurrency (WORKER_CONCURRENCY attempts in flight)
         # is the cap, and a request must not wait in the client's queue past its timeouts.
-        fresh = httpx.Client(
-            follow_redirects=False,
+        transport = httpx.HTTPTransport(
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            socket_options=[RESET_ON_CLOSE],
         )
+        fresh = httpx.Client(follow_redirects=False, transport=transport)
         # Tracing on: a client span per request, its `traceparent` sent downstream. Before
         # the client is shared: a thread must never send through it uninstrumented.
         tracing.instrument_httpx(fresh)

@@ -80,7 +80,12 @@ def test_events_refused_twice_each_all_succeed_once_within_a_minute(
     keys = [_post(stack, f"twice-{n}") for n in range(10)]
     wait_until(lambda: _all(stack, keys, "succeeded"), timeout=50, interval=0.5)
     assert downstream.effects == {key: 1 for key in keys}
-    assert {key: row[1] for key, row in _keys(stack, keys).items()} == {key: 3 for key in keys}
+    log = query(
+        stack.database_url,
+        "SELECT idempotency_key, attempt, outcome, error_code FROM attempts ORDER BY id",
+    )
+    spent = {key: row[1] for key, row in _keys(stack, keys).items()}
+    assert spent == {key: 3 for key in keys}, [row for row in log if spent[row[0]] != 3]
     assert all(_requests(downstream, key) == 3 for key in keys)
     assert query(stack.database_url, "SELECT count(*) FROM dead_letters") == [(0,)]
 
@@ -211,3 +216,36 @@ def test_a_breaker_that_cannot_be_told_never_costs_a_second_effect(
     assert downstream.effects == {key: 1, other: 1}
     assert _keys(stack, [key])[key][:2] == ("succeeded", 1)
     assert query(stack.database_url, "SELECT circuit FROM route_state") == [("closed",)]
+
+
+def test_an_effect_that_lands_after_its_attempt_ended_is_found_not_repeated(
+    protected: tuple[Stack, Path], downstream: Downstream
+) -> None:
+    """Five events whose first request the downstream carries out only after the 2 s read
+    timeout (2.6 s after it arrived), on a route whose backoff would retry within 50 ms: the
+    retry waits the request's connect plus read timeout (3 s), its lookup finds each effect,
+    and none is made twice (before, the lookup came 50 ms after the timeout and found
+    nothing)."""
+    stack, routes = protected
+    _routes(routes, downstream.url, backoff_base_seconds=0.05, backoff_cap_seconds=0.05)
+    stack.start_receiver()
+    stack.start_relay()
+    stack.start_worker()
+
+    landed: list[str] = []
+
+    def late(key: str, n: int) -> Reply:
+        if n == 1:
+            time.sleep(2.6)  # the effect is written after the worker stopped waiting
+            landed.append(key)
+        return Reply(201)
+
+    downstream.behaviour = late
+    keys = [_post(stack, f"late-{n}") for n in range(5)]
+    wait_until(lambda: _all(stack, keys, "succeeded"), timeout=30, interval=0.5)
+    wait_until(lambda: len(landed) == len(keys))
+    assert downstream.effects == {key: 1 for key in keys}
+    assert all(_requests(downstream, key) == 1 for key in keys)
+    assert {key: row[1] for key, row in _keys(stack, keys).items()} == {key: 2 for key in keys}
+    assert all(downstream.lookups.count(key) >= 1 for key in keys)
+    assert '"timeout_read"' in stack.logs("worker")

@@ -119,3 +119,28 @@ def test_a_route_without_a_secret_sends_no_signature(monkeypatch: pytest.MonkeyP
     _recording_client(monkeypatch, seen, 200)
     http.run(Route(match="crm.*", action="http", url="http://crm.test/tasks"), _context("c"))
     assert not [name for name in seen[0].headers if name.startswith("webhook-")]
+
+
+def test_a_request_that_timed_out_is_reset_not_closed() -> None:
+    """After a read timeout the client resets the connection: the kernel drops what it has
+    not delivered of the request instead of retransmitting it for minutes, so it cannot land
+    after the next attempt's lookup. The downstream reads a reset, not an orderly end."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        route = Route(
+            match="crm.*",
+            action="http",
+            url=f"http://127.0.0.1:{server.getsockname()[1]}/tasks",
+            read_timeout_seconds=0.3,
+        )
+        with pytest.raises(httpx.ReadTimeout):
+            http.run(route, _context("corr-1"))
+        accepted, _ = server.accept()
+        with accepted:
+            accepted.settimeout(5)
+            received = b""
+            with pytest.raises(ConnectionResetError):
+                while chunk := accepted.recv(65536):
+                    received += chunk
+    assert received.startswith(b"POST /tasks")

@@ -1,0 +1,101 @@
+"""Unit tests for the wait after a request that got no answer (`worker.outcomes.in_flight_floor`):
+the next attempt's lookup comes no sooner than the request's own connect plus read timeout, an
+answered failure keeps its backoff, and the deadline still ends the key."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import httpx
+import pytest
+
+from outbox.core.routes import Route
+from tests.unit.worker.test_n8n_answers import _answer, _claim
+from worker.errors import TransientError, classify, error_for_response
+from worker.outcomes import DeadLetter, RetryLater, after_failure, in_flight_floor
+
+REQUEST = httpx.Request("POST", "http://crm.test/tasks")
+
+
+def _route(**settings: Any) -> Route:
+    fields: dict[str, Any] = {
+        "match": "crm.*",
+        "action": "http",
+        "url": "http://crm.test/tasks",
+        "connect_timeout_seconds": 1,
+        "read_timeout_seconds": 2,
+        "backoff_base_seconds": 0.2,
+        "backoff_cap_seconds": 1,
+    }
+    return Route(**{**fields, **settings})
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        httpx.ReadTimeout("timed out", request=REQUEST),
+        httpx.WriteTimeout("timed out", request=REQUEST),
+        httpx.RemoteProtocolError("closed", request=REQUEST),
+        httpx.ReadError("reset", request=REQUEST),
+    ],
+    ids=["timeout_read", "timeout_write", "connection_dropped", "read_error"],
+)
+def test_a_request_without_an_answer_is_retried_after_its_own_timeouts(error: Exception) -> None:
+    """However small the backoff draws, the retry of an unanswered request waits the route's
+    connect plus read timeout (3 s here, against a 1 s backoff cap)."""
+    route = _route()
+    failure = classify(error)
+    assert failure.uncertain and failure.status_code is None
+    assert in_flight_floor(route, failure) == 3.0
+    delays = []
+    for seed in range(50):
+        outcome = after_failure(route, _claim(attempt=1), failure, False, random.Random(seed))
+        assert isinstance(outcome, RetryLater)
+        delays.append(outcome.delay)
+    assert min(delays) == 3.0
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        httpx.ConnectTimeout("timed out", request=REQUEST),
+        httpx.ConnectError("refused", request=REQUEST),
+    ],
+    ids=["timeout_connect", "connect_refused"],
+)
+def test_a_request_never_sent_keeps_its_backoff(error: Exception) -> None:
+    """Nothing was sent: nothing can land late, and the backoff alone decides."""
+    route = _route()
+    failure = classify(error)
+    assert in_flight_floor(route, failure) == 0.0
+    outcome = after_failure(route, _claim(attempt=1), failure, False, random.Random(1))
+    assert isinstance(outcome, RetryLater) and outcome.delay <= route.backoff_base_seconds
+
+
+def test_an_answered_failure_has_landed_and_keeps_its_backoff() -> None:
+    """A 500 is uncertain (the work may be done) but the request has arrived: no floor."""
+    route = _route()
+    failure = classify(TransientError("http_500", "500", uncertain=True, status_code=500))
+    assert failure.uncertain and failure.status_code == 500
+    assert in_flight_floor(route, failure) == 0.0
+    answered = error_for_response(_answer(500, {}))
+    assert answered is not None
+    assert in_flight_floor(route, classify(answered)) == 0.0
+
+
+def test_a_python_action_sends_no_request_and_waits_no_floor() -> None:
+    """An uncertain failure of a python action (its own word) has nothing in flight."""
+    route = Route(match="crm.*", action="python", function="tests.actions:sleep_then_succeed")
+    failure = classify(TransientError("flaky", "its own word", uncertain=True))
+    assert in_flight_floor(route, failure) == 0.0
+
+
+def test_the_deadline_still_ends_a_key_whose_floor_would_pass_it() -> None:
+    """A floor that would carry the retry past the retry deadline dead-letters the key now."""
+    route = _route(retry_deadline_seconds=10)
+    failure = classify(httpx.ReadTimeout("timed out", request=REQUEST))
+    inside = after_failure(route, _claim(attempt=2, spent=6), failure, False, random.Random(1))
+    assert isinstance(inside, RetryLater) and inside.delay == 3.0
+    past = after_failure(route, _claim(attempt=2, spent=8), failure, False, random.Random(1))
+    assert isinstance(past, DeadLetter) and past.kind == "retries_exhausted"
