@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser iptables run demo test test-slow chaos chaos-net lint format up migrate clean bench flames constraints n8n-e2e node-test
+.PHONY: help install browser iptables pgbouncer run demo test test-slow chaos chaos-net lint format up migrate clean bench flames constraints n8n-e2e node-test
 
 help: ## List the targets with what they do
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -28,6 +28,14 @@ iptables: ## Debian's iptables, for the multi-host soak's link faults (apt-get, 
 	  out=$$( { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends iptables; } 2>&1 ) || { echo "$$out"; exit 1; }; \
 	else echo "make iptables: no iptables; the multi-host soak's test will be skipped"; fi
+
+pgbouncer: ## Debian's pgbouncer, for the tests through a transaction pool (apt-get, as root; make test runs it)
+	@if command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "make pgbouncer: apt-get install --no-install-recommends pgbouncer"; \
+	  out=$$( { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends pgbouncer; } 2>&1 ) || { echo "$$out"; exit 1; }; \
+	else echo "make pgbouncer: no pgbouncer; the tests through PgBouncer will be skipped"; fi
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -64,7 +72,7 @@ demo: install ## Tell the story: a lost CRM answer, a redelivery, still one task
 # Work stealing: a process that runs out takes tests from the other's queue, so the run does
 # not end with one process idle behind the other's long soaks (8.7 min instead of 11.3).
 TEST_WORKERS ?= 2
-test: install browser iptables ## Run the test suite (real PostgreSQL, Redis and Celery workers; slow soaks excluded)
+test: install browser iptables pgbouncer ## Run the test suite (real PostgreSQL, Redis and Celery workers; slow soaks excluded)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 test-slow: $(BENCH_STAMP) ## Run the slow soaks only (route protection on real processes; n8n when installed; the bench's peers)

@@ -107,7 +107,14 @@ def sweep(
     # Routes, not sources: the sweeper verifies no signature; it reads the [[notify]] targets.
     settings = load_settings(sources=False)
     notify = load_routes(settings.routes_file, sources=False).notify
-    engine = create_sync_engine(settings)
+    # The notifier holds a session lock across its sends: a session of its own.
+    session = settings.session_url()
+    if session is None:
+        fail(
+            "the sweeper needs a session of its own (its notifier holds a session lock): with "
+            "DATABASE_POOL_MODE=transaction, set DATABASE_DIRECT_URL to PostgreSQL itself"
+        )
+    engine = create_sync_engine(settings, url=session)
     try:
         if once:
             report = sweep_once(engine, settings, notify)
@@ -171,7 +178,12 @@ def migrate() -> None:
     settings = load_settings(need_servers=False, sources=False)
     if not settings.database_url:
         fail("DATABASE_URL is not set")
-    log.info("migrations.applied", revision=upgrade(settings.database_url))
+    # A migration is a session's work (its DDL and Alembic's version row in one transaction,
+    # on PostgreSQL itself); through a transaction pool only with DATABASE_DIRECT_URL.
+    session = settings.session_url()
+    if session is None:
+        fail("with DATABASE_POOL_MODE=transaction, set DATABASE_DIRECT_URL to migrate")
+    log.info("migrations.applied", revision=upgrade(session))
 
 
 @app.command()

@@ -21,6 +21,15 @@ class Settings(BaseSettings):
 
     # Where state lives. Empty means "start embedded servers" under `idem dev`.
     database_url: str = ""
+    # How DATABASE_URL reaches PostgreSQL: `session` (PostgreSQL itself, or a pooler in session
+    # mode) or `transaction` (PgBouncer in transaction mode: a server connection per
+    # transaction). In `transaction` mode nothing is prepared, the statement timeout is the
+    # pooler's or the role's (PgBouncer passes no startup option), and what needs a session of
+    # its own (the relay's LISTEN, the sweeper's lock, migrations) uses DATABASE_DIRECT_URL.
+    database_pool_mode: Literal["session", "transaction"] = "session"
+    # PostgreSQL itself, for the parts that need a session when DATABASE_URL is a transaction
+    # pool; unset, DATABASE_URL.
+    database_direct_url: str = ""
     # The broker: redis:// (Redis) or amqp:// (RabbitMQ), outbox/core/broker.py. Unset, the
     # broker is REDIS_URL's Redis (the setting of before BROKER_URL).
     broker_url: str = ""
@@ -172,6 +181,18 @@ class Settings(BaseSettings):
     def sqlalchemy_url(self) -> str:
         """The database URL with the psycopg 3 driver named, whatever form it was given in."""
         return sqlalchemy_url(self.database_url)
+
+    @property
+    def transaction_pooled(self) -> bool:
+        """DATABASE_URL hands out a server connection per transaction (PgBouncer's mode)."""
+        return self.database_pool_mode == "transaction"
+
+    def session_url(self) -> str | None:
+        """A URL on which a connection is one PostgreSQL session (LISTEN, a session lock,
+        migrations): DATABASE_DIRECT_URL, else DATABASE_URL unless that is a transaction pool."""
+        if self.database_direct_url:
+            return sqlalchemy_url(self.database_direct_url)
+        return None if self.transaction_pooled else self.sqlalchemy_url()
 
 
 def sqlalchemy_url(url: str) -> str:

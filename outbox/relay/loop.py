@@ -148,13 +148,15 @@ class Waiter(Protocol):
 
 
 class Listener:
-    """A LISTEN on a direct autocommit connection; reconnects lazily after a failure.
+    """A LISTEN on a direct autocommit connection; reconnects lazily after a failure. With no
+    `dsn` (no session to listen on: DATABASE_URL is a transaction pool and no direct URL is
+    set) it only waits, and the relay finds rows by its poll.
 
     A signal (SIGTERM from a supervisor, Ctrl-C) ends a wait at once: in the main thread the
     listener is the process's signal wake-up fd, so the relay stops in milliseconds instead of
     at the end of its poll interval."""
 
-    def __init__(self, dsn: str, channel: str = "outbox") -> None:
+    def __init__(self, dsn: str | None, channel: str = "outbox") -> None:
         self._dsn = dsn
         self._channel = channel
         self._conn: psycopg.Connection[Any] | None = None
@@ -175,6 +177,10 @@ class Listener:
         whatever arrived, and every notification that came together is consumed at once.
         """
         timeout = max(0.0, timeout)
+        if self._dsn is None:
+            if select.select([self._wake], [], [], timeout)[0]:
+                self._drain_wake()
+            return
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = psycopg.connect(
@@ -233,7 +239,8 @@ def run_relay(
     send: Send = publish,
 ) -> None:
     """Run until `stop` is set (`listener` and `send` are replaceable for tests)."""
-    waiter: Waiter = listener or Listener(libpq_dsn(settings.sqlalchemy_url()))
+    session = settings.session_url()
+    waiter: Waiter = listener or Listener(libpq_dsn(session) if session else None)
     heartbeat = Heartbeat(settings.heartbeat_file)
     pacer = Pacer(settings.relay_backlog_rate, settings.relay_backlog_age_seconds)
     limit = settings.relay_batch_size
@@ -243,6 +250,8 @@ def run_relay(
         batch_size=limit,
         poll_seconds=settings.relay_poll_seconds,
         backlog_rate=settings.relay_backlog_rate,
+        # Through a transaction pool without DATABASE_DIRECT_URL there is no LISTEN: polling.
+        listens=session is not None,
     )
     try:
         while not stop.is_set():

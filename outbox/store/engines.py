@@ -10,7 +10,10 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from outbox.core.logs import get_logger
 from outbox.core.settings import Settings
+
+log = get_logger(__name__)
 
 # Errors that mean "the database is not there right now", as opposed to a bug in a statement.
 UNAVAILABLE_SQLSTATE_CLASSES = ("08", "53", "57")
@@ -52,15 +55,55 @@ def _without_data_in_errors(engine: Engine) -> None:
     event.listen(engine, "handle_error", _primary_message_only)
 
 
-def _connect_args(settings: Settings, application_name: str = "idem") -> dict[str, Any]:
-    return {
+def _connect_args(settings: Settings, application_name: str, pooled: bool) -> dict[str, Any]:
+    args: dict[str, Any] = {
         # libpq wants whole seconds, at least 2.
         "connect_timeout": max(2, math.ceil(settings.db_timeout_seconds)),
         # pg_stat_activity tells the process kinds apart (README's connection budget).
         "application_name": application_name,
-        # No statement waits longer than a request may: a lock or a hung server is an error.
-        "options": f"-c statement_timeout={int(settings.db_timeout_seconds * 1000)}",
     }
+    if pooled:
+        # A transaction pool hands each transaction any server connection: a statement
+        # psycopg prepared on one is unknown to the next, and PgBouncer refuses the
+        # `options` startup parameter (the timeout is the pooler's: `_pooled_timeout_check`).
+        args["prepare_threshold"] = None
+    else:
+        # No statement waits longer than a request may: a lock or a hung server is an error.
+        args["options"] = f"-c statement_timeout={int(settings.db_timeout_seconds * 1000)}"
+    return args
+
+
+NO_TIMEOUT_HINT = (
+    "DATABASE_POOL_MODE=transaction and statements have no timeout: set one where the pooler "
+    "connects (PgBouncer's connect_query = 'SET statement_timeout = 3000') or on the role "
+    "(ALTER ROLE ... SET statement_timeout = '3s')"
+)
+
+
+class NoStatementTimeout(psycopg.OperationalError):
+    """Statements through a transaction pool would wait forever on a lock or a hung server:
+    the database is unusable as configured (a receiver answers 503 and logs why)."""
+
+
+def _pooled_timeout_check(dbapi_connection: Any, _record: Any) -> None:
+    """Through a transaction pool the statement timeout cannot be sent at connect: it must
+    be set where the server connections are made (PgBouncer's `connect_query`, or `ALTER ROLE
+    ... SET statement_timeout`). A connection that finds none is refused, loudly, rather than
+    let a step wait without a bound."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("SHOW statement_timeout")
+        row = cursor.fetchone()
+    finally:
+        cursor.close()
+    if row is None or str(row[0]) == "0":
+        log.error("database.no_statement_timeout", hint=NO_TIMEOUT_HINT)
+        raise NoStatementTimeout(NO_TIMEOUT_HINT)
+
+
+def _bounded_through_pools(engine: Engine, pooled: bool) -> None:
+    if pooled:
+        event.listen(engine, "connect", _pooled_timeout_check)
 
 
 def create_receiver_engine(settings: Settings) -> AsyncEngine:
@@ -79,9 +122,10 @@ def create_receiver_engine(settings: Settings) -> AsyncEngine:
         pool_timeout=settings.db_timeout_seconds,
         pool_recycle=3600,
         hide_parameters=HIDE_PARAMETERS,
-        connect_args=_connect_args(settings, RECEIVER),
+        connect_args=_connect_args(settings, RECEIVER, settings.transaction_pooled),
     )
     _without_data_in_errors(engine.sync_engine)
+    _bounded_through_pools(engine.sync_engine, settings.transaction_pooled)
     return engine
 
 
@@ -93,6 +137,7 @@ def create_sync_engine(
     pre_ping: bool = True,
     autocommit: bool = False,
     application_name: str = "idem",
+    url: str | None = None,
 ) -> Engine:
     """A small pool for a relay or a worker process (one statement at a time per thread).
 
@@ -105,8 +150,10 @@ def create_sync_engine(
     COMMIT), and instead of a pre-ping round trip before every step it sends a statement once
     more when it met a dead connection.
     """
+    # A URL given is a session's (Settings.session_url): PostgreSQL itself.
+    pooled = settings.transaction_pooled and url is None
     engine = create_engine(
-        settings.sqlalchemy_url(),
+        url or settings.sqlalchemy_url(),
         isolation_level="AUTOCOMMIT" if autocommit else None,
         pool_size=pool_size,
         max_overflow=max_overflow,
@@ -114,9 +161,10 @@ def create_sync_engine(
         pool_pre_ping=pre_ping,
         pool_recycle=3600,
         hide_parameters=HIDE_PARAMETERS,
-        connect_args=_connect_args(settings, application_name),
+        connect_args=_connect_args(settings, application_name, pooled),
     )
     _without_data_in_errors(engine)
+    _bounded_through_pools(engine, pooled)
     return engine
 
 
