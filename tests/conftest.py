@@ -34,6 +34,7 @@ import redis
 from outbox.store import embedded
 from outbox.store.migrate import upgrade
 from tests.brokers import purge, rabbitmq_unreachable, rabbitmq_vhost
+from tests.pooler import POOLER, pgbouncer
 from tests.support import Downstream, Stack, libpq, write_routes
 
 BROKERS = ("redis", "rabbitmq")
@@ -120,6 +121,20 @@ def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def _database(admin_url: str, name: str) -> str:
     base, _, query = admin_url.partition("?")
     return base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def pooler(request: pytest.FixtureRequest) -> Iterator[None]:
+    """TEST_POOLER=pgbouncer: a PgBouncer in transaction mode that every stack's processes
+    reach PostgreSQL through (Stack.env); the tests' own queries go around it."""
+    if POOLER != "pgbouncer":
+        yield
+        return
+    admin_url: str = request.getfixturevalue("pg_admin_url")
+    with pgbouncer(admin_url, "SET statement_timeout = 3000", server_connections=10) as bouncer:
+        os.environ["TEST_POOL_PORT"] = str(bouncer.port)
+        yield
+        os.environ.pop("TEST_POOL_PORT", None)
 
 
 @pytest.fixture(scope="session")

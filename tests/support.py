@@ -25,6 +25,7 @@ import psycopg
 from sqlalchemy import make_url
 
 from outbox.store.embedded import free_port, wait_for_port
+from tests.pooler import pooled_url
 
 ROOT = Path(__file__).resolve().parent.parent
 # At least 32 characters, or the receiver refuses to start.
@@ -668,6 +669,14 @@ class Stack:
             WEBHOOK_SECRETS=f"signed={WEBHOOK_SECRET}",
             PYTHONPATH=str(ROOT),
         )
+        pool_port = os.environ.get("TEST_POOL_PORT")
+        if pool_port and "DATABASE_POOL_MODE" not in self.extra_env:
+            # TEST_POOLER=pgbouncer (tests/pooler.py): the processes go through the pool.
+            env.update(
+                DATABASE_URL=pooled_url(self.database_url, int(pool_port)),
+                DATABASE_POOL_MODE="transaction",
+                DATABASE_DIRECT_URL=self.database_url,
+            )
         env.update(self.extra_env)
         return env
 

@@ -2,17 +2,13 @@
 receiver, the relay and the worker reach PostgreSQL through a PgBouncer of the test's own that
 gives each transaction any of three server connections, the sweeper through
 DATABASE_DIRECT_URL. Effects are counted at the fake downstream. Skipped, with the reason,
-where no pgbouncer binary is installed (`make pgbouncer`)."""
+where no pgbouncer binary is installed (`make pgbouncer`). `TEST_POOLER=pgbouncer` runs every
+stack of the suite through such a pool (tests/pooler.py)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import pwd
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import zlib
 from collections.abc import Iterator
@@ -20,81 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sqlalchemy.engine import make_url
 
-from outbox.store.embedded import free_port, wait_for_port
+from tests.pooler import pgbouncer
 from tests.support import Downstream, Reply, Stack, claim, claim_call, envelope, query, wait_until
-
-# Fewer server connections than the stack's processes open: transactions share them.
-SERVER_CONNECTIONS = 3
-
-
-@dataclass
-class Bouncer:
-    url: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-
-def _binary() -> str:
-    found = shutil.which("pgbouncer") or next(
-        (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if os.access(p, os.X_OK)), None
-    )
-    if found is None:
-        pytest.skip("no pgbouncer binary (make pgbouncer installs Debian's)")
-    return found
-
-
-@contextlib.contextmanager
-def _pgbouncer(database_url: str, connect_query: str | None) -> Iterator[Bouncer]:
-    """A PgBouncer in transaction mode on a free port in front of `database_url`'s server,
-    with `connect_query` run on each server connection it opens."""
-    binary = _binary()
-    target = make_url(database_url)
-    folder = Path(tempfile.mkdtemp(prefix="idem-pgbouncer-"))
-    # PgBouncer refuses to run as root: it drops to postgres, who must read its files.
-    folder.chmod(0o755)
-    port = free_port()
-    query_option = f" connect_query='{connect_query}'" if connect_query else ""
-    config = folder / "pgbouncer.ini"
-    config.write_text(
-        f"""
-[databases]
-* = host={target.host or "127.0.0.1"} port={target.port or 5432}{query_option}
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = {port}
-unix_socket_dir =
-auth_type = trust
-auth_file = {folder / "users.txt"}
-pool_mode = transaction
-default_pool_size = {SERVER_CONNECTIONS}
-max_client_conn = 500
-""",
-        encoding="utf-8",
-    )
-    (folder / "users.txt").write_text(f'"{target.username or "postgres"}" ""\n')
-    for path in folder.iterdir():
-        path.chmod(0o644)
-    command = [binary, str(config)]
-    if os.geteuid() == 0:
-        try:
-            pwd.getpwnam("postgres")  # the user Debian's PostgreSQL runs as
-        except KeyError:
-            pytest.skip("pgbouncer refuses to run as root, and there is no user postgres")
-        command[1:1] = ["-u", "postgres"]
-    log = folder / "pgbouncer.log"
-    with log.open("ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=out)
-    try:
-        wait_for_port(port, process, timeout=10)
-        url = target.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
-        yield Bouncer(url, process, log)
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @dataclass
@@ -110,7 +34,7 @@ def pooled(private_stack: Stack) -> Iterator[Pooled]:
     transaction mode that sets a 3 s statement timeout on each server connection."""
     stack = private_stack
     direct = stack.database_url
-    with _pgbouncer(direct, "SET statement_timeout = 3000") as bouncer:
+    with pgbouncer(direct, "SET statement_timeout = 3000") as bouncer:
         # The processes get DATABASE_URL from this field (Stack.env).
         stack.database_url = bouncer.url
         stack.extra_env.update(DATABASE_POOL_MODE="transaction")
@@ -186,7 +110,7 @@ def test_a_pool_without_a_statement_timeout_is_refused_loudly(private_stack: Sta
     and says why in its log, rather than let a statement wait without a bound."""
     stack = private_stack
     direct = stack.database_url
-    with _pgbouncer(direct, None) as bouncer:
+    with pgbouncer(direct, None) as bouncer:
         stack.database_url = bouncer.url
         stack.extra_env.update(DATABASE_POOL_MODE="transaction")
         try:
