@@ -66,6 +66,10 @@ class Ceiling:
             "workflow_name": None,
             "execution_id": None,
             "task_name": PROCESS_TASK,
+            # RESERVE_KEY's other parameters, as the receiver gives them for a plain event.
+            "lane": None,
+            "lane_rank": None,
+            "trace_context": None,
         }
         status = 202
         if self.database:

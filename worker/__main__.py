@@ -9,6 +9,7 @@ over or answered an error), so without this a worker under `Restart=on-failure` 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import warnings
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
             "--loglevel",
             settings.log_level,
             "--hostname",
-            "idem@%h",
+            settings.worker_name or f"idem-{os.getpid()}@%h",
             # Task events only when asked for (WORKER_TASK_EVENTS; Flower asks by itself).
             *(["--task-events"] if settings.worker_task_events else []),
             "--without-mingle",

@@ -112,6 +112,11 @@ class Settings(BaseSettings):
     # third of its CPU per task. Flower turns them on by itself while it runs (its
     # enable_events option), so watching the workers needs nothing here.
     worker_task_events: bool = False
+    # The worker's Celery node name (`%h`: the host's name). Unset: `idem-<pid>@<host>`, one
+    # per process, since RabbitMQ lets only one consumer hold a node's control queue (a second
+    # worker of the same name on a host stops with RESOURCE_LOCKED). Set it where a
+    # healthcheck pings the worker by name (compose: `idem@%h`, one worker per container).
+    worker_name: str = ""
 
     # The sweeper: how often it looks, and how long a key may wait on a published message
     # before the message is presumed lost (Redis restarted or flushed) and re-sent. Longer

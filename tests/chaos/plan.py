@@ -162,7 +162,7 @@ class Delivery:
 @dataclass(frozen=True)
 class Fault:
     at: float
-    # kill_worker | kill_relay | restart_redis | restart_postgres | route_down | route_up |
+    # kill_worker | kill_relay | restart_broker | restart_postgres | route_down | route_up |
     # route_flaky | route_steady
     kind: str
 
@@ -436,7 +436,7 @@ def plan_faults(seed: int, duration: float) -> list[Fault]:
     counts = {
         "kill_worker": max(2, round(duration / 60)),
         "kill_relay": max(1, round(duration / 100)),
-        "restart_redis": max(1, round(duration / 150)),
+        "restart_broker": max(1, round(duration / 150)),
     }
     outage = plan_route_outage(seed, duration)
     flaky = plan_partial_failure(seed, duration)

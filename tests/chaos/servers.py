@@ -23,6 +23,7 @@ import psutil
 
 from outbox.store import embedded
 from outbox.store.embedded import free_port, wait_for_port
+from tests.brokers import RabbitNode
 from tests.support import ROOT
 
 
@@ -76,6 +77,31 @@ class OwnRedis:
         self.stop()
         time.sleep(pause)
         self.start()
+
+
+class OwnRabbit:
+    """A RabbitMQ node of the soak's own (tests/brokers.py `RabbitNode`), never the machine's:
+    a restart keeps its disk, as a restarted server does, so what it confirmed survives."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.node = RabbitNode(data_dir)
+        self.port = self.node.port
+        self.url = ""
+
+    def start(self) -> str:
+        self.url = self.node.start().url
+        return self.url
+
+    def stop(self) -> None:
+        self.node.stop()
+
+    def restart(self, pause: float = 1.0) -> None:
+        self.stop()
+        time.sleep(pause)
+        self.start()
+
+
+OwnBroker = OwnRedis | OwnRabbit
 
 
 def children(pid: int) -> list[psutil.Process]:

@@ -1,10 +1,11 @@
 """`python -m tests.chaos.soak`: a bounded chaos soak of the whole gateway (`make chaos`).
 
-It starts a PostgreSQL and a Redis of its own, the receiver, two relays, several workers and
-the sweeper as real processes, and a fake CRM that loses, delays and refuses answers per key.
-Clients deliver every event one to four times (some copies at once, some at the very end,
-some with another payload under the same key) while workers and relays are SIGKILLed and
-replaced, Redis is restarted empty, PostgreSQL is stopped (fast) and started again, and one
+It starts a PostgreSQL and a broker of its own (a Redis, or with `--broker rabbitmq` a RabbitMQ
+node), the receiver, two relays, several workers and the sweeper as real processes, and a fake
+CRM that loses, delays and refuses answers per key. Clients deliver every event one to four
+times (some copies at once, some at the very end, some with another payload under the same
+key) while workers and relays are SIGKILLed and replaced, the broker is restarted (Redis
+empty, RabbitMQ with its disk), PostgreSQL is stopped (fast) and started again, and one
 route's downstream refuses every write for a while (its circuit must open and close). A fifth
 of the events never goes to /v1/events: workflows (tests/chaos/workflow.py) make the CRM call
 themselves through /v1/claims, and their claims are completed, failed, abandoned and
@@ -13,6 +14,7 @@ event. It prints a table, writes a JSON report and exits 1 on any violation (2 i
 not run).
 
     python -m tests.chaos.soak [--duration 300] [--events 5000] [--seed N] [--report PATH]
+                               [--broker redis|rabbitmq]
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from outbox.store.migrate import upgrade
 from tests.chaos import check, fan_out, fan_out_check, plan
 from tests.chaos.client import Sender
 from tests.chaos.crm import FakeCrm
-from tests.chaos.servers import Fleet, OwnPostgres, OwnRedis, Supervisor
+from tests.chaos.servers import Fleet, OwnBroker, OwnPostgres, OwnRabbit, OwnRedis, Supervisor
 from tests.chaos.workflow import Workflows
 from tests.support import ROOT
 
@@ -102,7 +104,7 @@ class Chaos:
         crm: FakeCrm,
         route_outage: plan.RouteOutage,
         partial: plan.PartialFailure,
-        redis: OwnRedis,
+        broker: OwnBroker,
         postgres: OwnPostgres,
         sender: Sender,
         rng: random.Random,
@@ -114,7 +116,7 @@ class Chaos:
         self.crm = crm
         self.route_outage = route_outage
         self.partial = partial
-        self.redis = redis
+        self.broker = broker
         self.postgres = postgres
         self.sender = sender
         self.rng = rng
@@ -197,9 +199,9 @@ class Chaos:
         new = self.fleet.start_relay()
         return {"killed": victim.name, "pids": pids, "started": new.name}
 
-    def restart_redis(self) -> dict[str, Any]:
-        self.redis.restart(pause=1.0)
-        return {"port": self.redis.port}
+    def restart_broker(self) -> dict[str, Any]:
+        self.broker.restart(pause=1.0)
+        return {"port": self.broker.port}
 
     def restart_postgres(self) -> dict[str, Any]:
         down = self.sender.now()
@@ -421,7 +423,8 @@ def table(report: dict[str, Any]) -> str:
         (
             "faults",
             f"{f['kill_worker']} worker kills, {f['kill_relay']} relay kills,"
-            f" {f['restart_redis']} Redis restarts, {f['restart_postgres']} PostgreSQL restarts;"
+            f" {f['restart_broker']} {report['broker']} restarts,"
+            f" {f['restart_postgres']} PostgreSQL restarts;"
             f" CRM injected: {_fmt(c['injected'])}",
         ),
         (
@@ -441,7 +444,7 @@ def table(report: dict[str, Any]) -> str:
         *closing_rows(report),
     ]
     head = (
-        f"idem chaos soak: seed {report['seed']}, {report['duration']:g} s,"
+        f"idem chaos soak: seed {report['seed']}, {report['broker']}, {report['duration']:g} s,"
         f" {report['events']} events,"
         f" {report['workers']} workers x {report['concurrency']}, {report['started_at']}"
     )
@@ -532,7 +535,9 @@ def run(args: argparse.Namespace) -> int:
 
     crm = FakeCrm(seed)
     postgres = OwnPostgres(base / "pg")
-    redis = OwnRedis(base / "redis")
+    broker: OwnBroker = (
+        OwnRabbit(base / "rabbitmq") if args.broker == "rabbitmq" else OwnRedis(base / "redis")
+    )
     fleet: Fleet | None = None
     sender: Sender | None = None
     workflows: Workflows | None = None
@@ -542,7 +547,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         crm.start()
         database_url = postgres.start()
-        redis_url = redis.start()
+        broker_url = broker.start()
         upgrade(database_url)
         routes = write_routes(base / "routes.toml", crm.url, args.max_attempts)
         env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
@@ -550,7 +555,8 @@ def run(args: argparse.Namespace) -> int:
         env.update(
             CLAIMS_TOKEN=claims_token,
             DATABASE_URL=database_url,
-            REDIS_URL=redis_url,
+            BROKER_URL=broker_url,
+            REDIS_URL=broker_url if args.broker == "redis" else "",
             ROUTES_FILE=str(routes),
             LOG_FORMAT="json",
             LOG_LEVEL="INFO",
@@ -583,7 +589,7 @@ def run(args: argparse.Namespace) -> int:
             crm,
             route_outage,
             partial,
-            redis,
+            broker,
             postgres,
             sender,
             random.Random(f"victims:{seed}"),
@@ -693,7 +699,7 @@ def run(args: argparse.Namespace) -> int:
         kinds = (
             "kill_worker",
             "kill_relay",
-            "restart_redis",
+            "restart_broker",
             "restart_postgres",
             "route_down",
             "route_flaky",
@@ -708,6 +714,7 @@ def run(args: argparse.Namespace) -> int:
         report = {
             "ok": violations.total == 0,
             "seed": seed,
+            "broker": args.broker,
             "duration": args.duration,
             "events": args.events,
             "workers": args.workers,
@@ -744,7 +751,7 @@ def run(args: argparse.Namespace) -> int:
             "faults": {
                 "kill_worker": chaos.counts["kill_worker"],
                 "kill_relay": chaos.counts["kill_relay"],
-                "restart_redis": chaos.counts["restart_redis"],
+                "restart_broker": chaos.counts["restart_broker"],
                 "restart_postgres": chaos.counts["restart_postgres"],
                 "pg_down_seconds": round(chaos.outage[1] - chaos.outage[0], 1)
                 if chaos.outage
@@ -777,7 +784,7 @@ def run(args: argparse.Namespace) -> int:
             chaos.stop.set()
         if fleet is not None:
             fleet.stop_all()
-        redis.stop()
+        broker.stop()
         postgres.cleanup()
         crm.stop()
         if keep_logs and log_dir.exists():
@@ -816,6 +823,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=3, help="worker processes (at least 2)")
     parser.add_argument("--concurrency", type=int, default=2, help="pool processes per worker")
     parser.add_argument("--max-attempts", type=int, default=30, help="the routes' attempt budget")
+    parser.add_argument(
+        "--broker",
+        choices=("redis", "rabbitmq"),
+        default="redis",
+        help="the broker of the soak's own: a Redis restarted empty, or a RabbitMQ node",
+    )
     parser.add_argument(
         "--claims-share",
         type=float,

@@ -52,6 +52,16 @@ def _numbers(value: Any) -> list[float]:
     return []
 
 
+def _runs(value: Any) -> list[dict[str, Any]]:
+    """Every load run in the document: a mapping with its `requests` and `errors`."""
+    if isinstance(value, dict):
+        own = [value] if {"requests", "errors"} <= value.keys() else []
+        return own + [run for item in value.values() for run in _runs(item)]
+    if isinstance(value, list):
+        return [run for item in value for run in _runs(item)]
+    return []
+
+
 @pytest.mark.timeout(620)
 @pytest.mark.parametrize(
     "sections",
@@ -92,6 +102,9 @@ def test_bench_smoke_writes_its_sections(
         numbers = _numbers(document[section])
         assert numbers, f"section {section} has no numbers"
         assert all(math.isfinite(n) for n in numbers), section
+    # A load run whose every request failed measured nothing (a broken peer or ceiling).
+    for run in _runs(document):
+        assert run["errors"] < run["requests"], run
     for check in document["checks"]:
         assert isinstance(check["value"], int | float) and math.isfinite(check["value"])
         assert isinstance(check["ok"], bool)

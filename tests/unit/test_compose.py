@@ -803,6 +803,8 @@ def test_relay_and_sweeper_report_liveness_with_idem_alive(
         _assert_cli_accepts(group, test[2:], f"{name} healthcheck")
     worker = " ".join(services["worker"]["healthcheck"]["test"])
     assert "inspect ping" in worker and "idem@$$HOSTNAME" in worker
+    # The name it pings is the worker's own (unset, a worker is named idem-<pid>@host).
+    assert services["worker"]["environment"]["WORKER_NAME"] == "idem@%h"
 
 
 def _seconds(duration: str) -> float:
