@@ -30,6 +30,7 @@ from typing import Any
 import psycopg
 import pytest
 import redis
+from sqlalchemy.engine import make_url
 
 from outbox.store import embedded
 from outbox.store.migrate import upgrade
@@ -132,9 +133,13 @@ def pooler(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     admin_url: str = request.getfixturevalue("pg_admin_url")
     with pgbouncer(admin_url, "SET statement_timeout = 3000", server_connections=10) as bouncer:
+        server = make_url(admin_url)
+        # Only a stack on that server goes through the pool (a test may run a server of its own).
+        os.environ["TEST_POOL_SERVER"] = f"{server.host}:{server.port}"
         os.environ["TEST_POOL_PORT"] = str(bouncer.port)
         yield
         os.environ.pop("TEST_POOL_PORT", None)
+        os.environ.pop("TEST_POOL_SERVER", None)
 
 
 @pytest.fixture(scope="session")

@@ -670,7 +670,12 @@ class Stack:
             PYTHONPATH=str(ROOT),
         )
         pool_port = os.environ.get("TEST_POOL_PORT")
-        if pool_port and "DATABASE_POOL_MODE" not in self.extra_env:
+        server = make_url(self.database_url)
+        if (
+            pool_port
+            and f"{server.host}:{server.port}" == os.environ.get("TEST_POOL_SERVER")
+            and "DATABASE_POOL_MODE" not in self.extra_env
+        ):
             # TEST_POOLER=pgbouncer (tests/pooler.py): the processes go through the pool.
             env.update(
                 DATABASE_URL=pooled_url(self.database_url, int(pool_port)),

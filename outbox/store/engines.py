@@ -96,6 +96,9 @@ def _pooled_timeout_check(dbapi_connection: Any, _record: Any) -> None:
         row = cursor.fetchone()
     finally:
         cursor.close()
+        # Outside autocommit the SHOW opened a transaction: ended here, so the engine can still
+        # set the connection's isolation level (a replay's dry run reads in REPEATABLE READ).
+        dbapi_connection.rollback()
     if row is None or str(row[0]) == "0":
         log.error("database.no_statement_timeout", hint=NO_TIMEOUT_HINT)
         raise NoStatementTimeout(NO_TIMEOUT_HINT)

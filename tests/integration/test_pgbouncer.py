@@ -18,7 +18,17 @@ from pathlib import Path
 import pytest
 
 from tests.pooler import pgbouncer
-from tests.support import Downstream, Reply, Stack, claim, claim_call, envelope, query, wait_until
+from tests.support import (
+    OPERATOR_TOKEN,
+    Downstream,
+    Reply,
+    Stack,
+    claim,
+    claim_call,
+    envelope,
+    query,
+    wait_until,
+)
 
 
 @dataclass
@@ -100,6 +110,15 @@ def test_events_duplicates_lost_answers_and_claims_act_once_through_a_transactio
     assert downstream.effects == dict.fromkeys(keys, 1)
     lost = {key for key in keys if _lost(key)}
     assert lost and lost <= set(downstream.lookups)
+    # An operator's replay dry run reads in REPEATABLE READ through the pool too.
+    with stack.client() as client:
+        dry_run = client.post(
+            "/v1/replays",
+            json={"statuses": ["failed_final"]},
+            headers={"Authorization": f"Bearer {OPERATOR_TOKEN}", "X-Operator": "ops"},
+        )
+    assert dry_run.status_code == 200, dry_run.text
+    assert dry_run.json()["to_replay"] == 0
     logs = "".join(stack.logs(name) for name in ("receiver", "relay", "worker", "sweeper"))
     assert "prepared statement" not in logs and "Traceback" not in logs
     assert '"listens": false' in stack.logs("relay")
