@@ -70,7 +70,8 @@ demo: install ## Tell the story: a lost CRM answer, a redelivery, still one task
 
 # Test processes: two, one per core of the machine the suite is sized for (TEST_WORKERS=0: one).
 # Work stealing: a process that runs out takes tests from the other's queue, so the run does
-# not end with one process idle behind the other's long soaks (8.7 min instead of 11.3).
+# not end with one process idle behind the other's long soaks (8.7 min instead of 11.3 for
+# the same 1 827 tests).
 TEST_WORKERS ?= 2
 test: install browser iptables pgbouncer ## Run the test suite (real PostgreSQL, Redis and Celery workers; slow soaks excluded)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
