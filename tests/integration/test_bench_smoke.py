@@ -1,7 +1,8 @@
 """`python -m bench.run --smoke` runs its sections and writes numeric JSON (speed not judged).
 
-`make test` runs the sections on the event path (ingest and repeats, end to end); `make
-test-slow` runs every section, the relay's drain, provider webhooks, slow downstreams, growth,
+`make test` runs the sections of the receiver (ingest beside its ceiling and a bare server,
+and repeats); `make test-slow` runs every section, end to end beside the naive pipeline, the
+relay's drain, provider webhooks, slow downstreams, growth,
 memory, ordered traffic, fan-out and the peers included (they fill and drain databases of their
 own, three or four minutes more; the peers need the bench's `peers` extra, which `make
 test-slow` installs).
@@ -36,8 +37,9 @@ CHECKED = {
 }
 # The webhooks, ordered, fan-out and slow-downstream sections run with every section (`make
 # test-slow`); what they drive is proven in `make test` by tests/integration/ingest/
-# test_provider_webhooks.py and worker/test_lanes.py, test_fan_out.py, test_partial_failure.py.
-EVENT_PATH = ("ingest", "duplicates", "e2e")
+# test_provider_webhooks.py and worker/test_lanes.py, test_fan_out.py, test_partial_failure.py;
+# the end-to-end section (20 s of make test) by every stack test of the pipeline.
+RECEIVER_SECTIONS = ("ingest", "duplicates")
 
 
 def _numbers(value: Any) -> list[float]:
@@ -66,7 +68,7 @@ def _runs(value: Any) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     "sections",
     [
-        pytest.param(EVENT_PATH, id="event-path"),
+        pytest.param(RECEIVER_SECTIONS, id="receiver"),
         pytest.param(tuple(CHECKED), id="every-section", marks=pytest.mark.slow),
     ],
 )

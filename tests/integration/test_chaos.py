@@ -1,7 +1,7 @@
 """The chaos soak, CI-sized: 45 seconds of faults over 450 events, a fifth of them handled by
 workflows through the claims API, a tenth fanned out to three destinations, and shuffled
-updates of contacts on an ordered route, must break no invariant; and a shorter one on a
-RabbitMQ node of the soak's own."""
+updates of contacts on an ordered route, must break no invariant; and (slow: `make test-slow`)
+a shorter one on a RabbitMQ node of the soak's own."""
 
 from __future__ import annotations
 
@@ -119,6 +119,7 @@ def test_chaos_soak_breaks_no_invariant(tmp_path: Path) -> None:
     assert fan_out["views_read"] == fan_out["events"], fan_out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_chaos_soak_on_rabbitmq_breaks_no_invariant(tmp_path: Path) -> None:
     """The same soak, shorter, on a RabbitMQ node of its own (restarted with its disk, as a
