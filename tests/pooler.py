@@ -1,8 +1,9 @@
 """PgBouncer for the tests: one of the test's own, in transaction mode, on a free port.
 
-With TEST_POOLER=pgbouncer every stack's processes reach PostgreSQL through one such pool per
-test process (DATABASE_POOL_MODE=transaction, the sweeper through DATABASE_DIRECT_URL), while
-the tests' own queries go to the database itself: `make test` through a transaction pool.
+With TEST_POOLER=pgbouncer the processes of every stack on the machine's PostgreSQL reach it
+through one such pool per test process (DATABASE_POOL_MODE=transaction, the sweeper through
+DATABASE_DIRECT_URL; a stack on a server of its own goes direct), while the tests' own queries
+go to the database itself: `make test` through a transaction pool.
 """
 
 from __future__ import annotations
@@ -93,8 +94,7 @@ max_client_conn = 500
         process = subprocess.Popen(command, stdout=out, stderr=out)
     try:
         wait_for_port(port, process, timeout=10)
-        url = target.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
-        yield Bouncer(url, port, process, log)
+        yield Bouncer(pooled_url(database_url, port), port, process, log)
     finally:
         process.terminate()
         process.wait(timeout=10)

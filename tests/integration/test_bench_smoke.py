@@ -38,7 +38,7 @@ CHECKED = {
 # The webhooks, ordered, fan-out and slow-downstream sections run with every section (`make
 # test-slow`); what they drive is proven in `make test` by tests/integration/ingest/
 # test_provider_webhooks.py and worker/test_lanes.py, test_fan_out.py, test_partial_failure.py;
-# the end-to-end section (20 s of make test) by every stack test of the pipeline.
+# the end-to-end section's pipeline by every stack test (its smoke cost make test 20 s).
 RECEIVER_SECTIONS = ("ingest", "duplicates")
 
 
