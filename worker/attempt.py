@@ -40,7 +40,7 @@ from outbox.core import contract, keys, tracing
 from outbox.core.logs import get_logger
 from outbox.core.routes import ActionSettings, RouteTable
 from worker.actions import ActionContext, ActionResult, get_action, get_reconciler
-from worker.errors import Failure, classify
+from worker.errors import Failure, TransientError, classify
 from worker.guard import Admitted, Held, RouteGuard
 from worker.instruments import ACTION_SECONDS, ATTEMPTS, OTHER_ROUTE, RECONCILED
 from worker.lanes import order
@@ -54,7 +54,9 @@ from worker.outcomes import (
     RetryLater,
     Succeeded,
     Superseded,
+    Told,
     after_failure,
+    told,
 )
 from worker.store import Blocked, Claim, Failed, KeyStore
 from worker.task_state import Finished
@@ -106,7 +108,7 @@ def run_attempt(
     started = time.monotonic()
     outcome: Outcome
     # What the downstream did, for the breaker: set only when the action ran.
-    told: _Told | None = None
+    heard: Told | None = None
     trial = False
     if route is None:
         outcome = DeadLetter(
@@ -136,10 +138,10 @@ def run_attempt(
             claim, trial = replace(claim, permit=admission.permit), admission.trial
             release = guard.release if guard else None
             outcome = _act(store, route, claim, lease_seconds, limit, rng, release)
-            told = _told(outcome)
+            heard = told(outcome)
     recorded = not isinstance(outcome, LeaseGivenUp) and _record(store, claim, outcome)
-    if recorded and guard is not None and route is not None and told is not None:
-        guard.tell(route, claim, told.failure, trial)
+    if recorded and guard is not None and route is not None and heard is not None:
+        guard.tell(route, claim, heard.failure, trial)
     elapsed = time.monotonic() - started
     result = _log_finished(outcome, recorded, round(elapsed * 1000, 1))
     error_code = outcome.failure.error_code if isinstance(outcome, RetryLater | DeadLetter) else ""
@@ -230,13 +232,6 @@ def _log_finished(outcome: Outcome, recorded: bool, duration_ms: float) -> str:
             assert_never(outcome)
 
 
-@dataclass(frozen=True)
-class _Told:
-    """What an action's outcome says about its route: answered (None) or a failure there."""
-
-    failure: Failure | None
-
-
 def _within_window(claim: Claim) -> bool:
     """Past the attempt budget, yet the last attempt ended with a recorded outcome (a retry,
     possibly deferred since): only a failure bounded by a window rather than by the attempt
@@ -244,20 +239,6 @@ def _within_window(claim: Claim) -> bool:
     ends the key. A crash loop is a claim of a key whose last attempt never ended
     (`processing`, its lease expired)."""
     return claim.previous_status == "failed_retryable"
-
-
-def _told(outcome: Outcome) -> _Told | None:
-    """What to tell the breaker of an action's outcome, or None when it says nothing of the
-    downstream (a broken contract, an error raised before sending, a lost lease)."""
-    match outcome:
-        case Succeeded():
-            return _Told(None)
-        case RetryLater(failure) | DeadLetter(failure) if failure.at_downstream:
-            return _Told(failure)
-        case DeadLetter(failure, "permanent") if not failure.local:
-            return _Told(None)  # the downstream answered, with a refusal
-        case _:
-            return None
 
 
 @dataclass
@@ -304,6 +285,12 @@ def _act(
     )
     run = _Run(done=threading.Event(), wake=threading.Event(), release=release)
     with Heartbeat(store, claim, lease_seconds, ctx.cancelled, run.wake, claim.sent) as heartbeat:
+        if heartbeat.lost:
+            # The claim's answer came after its trust window: nothing starts, not even a lookup.
+            if release is not None:
+                release(claim)
+            return LeaseGivenUp("lease_expired_unconfirmed")
+        ctx.trusted_until = lambda: heartbeat.valid_until
         _start(run, route, ctx, claim)
         deadline = time.monotonic() + limit
         while not run.done.is_set():
@@ -341,6 +328,7 @@ def _start(run: _Run, route: ActionSettings, ctx: ActionContext, claim: Claim) -
     def work() -> None:
         try:
             if reconciler is not None:
+                _still_held(ctx)
                 found = reconciler(route, ctx)
                 RECONCILED.labels("true" if found is not None else "false").inc()
                 log.info("attempt.reconciled", found=found is not None)
@@ -349,6 +337,7 @@ def _start(run: _Run, route: ActionSettings, ctx: ActionContext, claim: Claim) -
                     run.result = found
                     return
                 run.reconciled_absent = True
+            _still_held(ctx)
             run.result = get_action(route)(route, ctx)
         except BaseException as error:  # everything ends in an outcome
             run.error = error
@@ -361,6 +350,12 @@ def _start(run: _Run, route: ActionSettings, ctx: ActionContext, claim: Claim) -
     context = contextvars.copy_context()
     run.thread = threading.Thread(target=context.run, args=(work,), name="action", daemon=True)
     run.thread.start()
+
+
+def _still_held(ctx: ActionContext) -> None:
+    """Between steps of the action's thread: a lease lost meanwhile ends it before the next."""
+    if not ctx.lease_held():
+        raise TransientError("lease_lost", "the lease was lost before the action started")
 
 
 def _failed(failure: Failure, reconciled_absent: bool) -> Failed:

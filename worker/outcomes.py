@@ -75,6 +75,27 @@ class Superseded:
 Outcome = Succeeded | RetryLater | DeadLetter | LeaseGivenUp | Deferred | LaneWaiting | Superseded
 
 
+@dataclass(frozen=True)
+class Told:
+    """What an action's outcome says about its route: answered (None) or a failure there."""
+
+    failure: Failure | None
+
+
+def told(outcome: Outcome) -> Told | None:
+    """What to tell the breaker of an action's outcome, or None when it says nothing of the
+    downstream (a broken contract, an error raised before sending, a lost lease)."""
+    match outcome:
+        case Succeeded():
+            return Told(None)
+        case RetryLater(failure) | DeadLetter(failure) if failure.at_downstream:
+            return Told(failure)
+        case DeadLetter(failure, "permanent") if not failure.local:
+            return Told(None)  # the downstream answered, with a refusal
+        case _:
+            return None
+
+
 def after_failure(
     route: ActionSettings,
     claim: Claim,

@@ -7,6 +7,7 @@ and the classifier decides what happens next; it never retries by itself.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,18 @@ class ActionContext:
     uncertain: bool = False
     # Set when the lease is lost: a long action should stop, its result would be rejected.
     cancelled: threading.Event = field(default_factory=threading.Event)
+    # Until when, on this process's monotonic clock, the lease is trusted (it moves with each
+    # renewal); None: no lease is held (an action called outside an attempt).
+    trusted_until: Callable[[], float] | None = field(default=None, repr=False)
+
+    def lease_held(self) -> bool:
+        """Whether the action may still start an external call. The cancel flag is set by the
+        lease's keeper and by the attempt's own wait, each a moment after the trust window
+        closes; the clock read here closes that moment, so no request leaves once the window
+        has, however the threads were scheduled."""
+        if self.cancelled.is_set():
+            return False
+        return self.trusted_until is None or time.monotonic() < self.trusted_until()
 
 
 Action = Callable[[ActionSettings, ActionContext], ActionResult]

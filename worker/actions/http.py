@@ -65,8 +65,6 @@ def client() -> httpx.Client:
 
 def run(route: ActionSettings, ctx: ActionContext) -> ActionResult:
     assert route.url is not None  # the routes file was validated
-    if ctx.cancelled.is_set():
-        raise TransientError("lease_lost", "the lease was lost before the request was sent")
     request = _build(
         route.method,
         lambda: client().build_request(
@@ -78,7 +76,7 @@ def run(route: ActionSettings, ctx: ActionContext) -> ActionResult:
         ),
     )
     tracing.set_resend_count(ctx.attempt - 1)
-    response = client().send(_signed(route, ctx, request))
+    response = _send(ctx, _signed(route, ctx, request))
     error = _error(route, response)
     if error is not None:
         raise error
@@ -109,7 +107,7 @@ def reconcile(route: ActionSettings, ctx: ActionContext) -> ActionResult | None:
             "GET", url, headers=_headers(route, ctx), timeout=_timeout(route)
         ),
     )
-    response = client().send(_signed(route, ctx, request))
+    response = _send(ctx, _signed(route, ctx, request))
     if response.status_code == 404:
         return None
     error = _error(route, response)
@@ -126,6 +124,15 @@ def reconcile(route: ActionSettings, ctx: ActionContext) -> ActionResult | None:
         },
         external_ref=None if found is None else str(found),
     )
+
+
+def _send(ctx: ActionContext, request: httpx.Request) -> httpx.Response:
+    """Send, unless the lease stopped being ours: the last look before a request leaves, for
+    the action and the lookup alike (a lookup made after another worker took the key could
+    answer "not found" for an effect that worker is making)."""
+    if not ctx.lease_held():
+        raise TransientError("lease_lost", "the lease was lost before the request was sent")
+    return client().send(request)
 
 
 def _headers(route: ActionSettings, ctx: ActionContext) -> dict[str, str]:

@@ -9,13 +9,17 @@ check and sent the write: a second effect.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from pathlib import Path
 
 from sqlalchemy import Engine
 
-from tests.support import query, seed_pending_key
-from worker.lease import Heartbeat
-from worker.store import Claim, KeyStore
+from outbox.core.routes import load_routes
+from tests.support import Downstream, query, seed_pending_key, write_routes
+from worker.attempt import run_attempt
+from worker.lease import GIVE_UP_MARGIN, Heartbeat
+from worker.store import Blocked, Claim, KeyStore
 
 LEASE_SECONDS = 5
 
@@ -48,3 +52,49 @@ def test_a_heartbeat_begun_after_its_trust_window_is_given_up_before_anything_ru
     with Heartbeat(store, fresh, LEASE_SECONDS, cancelled, None, fresh.sent) as heartbeat:
         assert not cancelled.is_set()
         assert not heartbeat.lost
+
+
+class LateAnswers(KeyStore):
+    """A store whose claims' answers arrive late: each claim reads as sent `late` seconds
+    before it was (the network held the answer that long; the database acted at once)."""
+
+    def __init__(self, engine: Engine, late: float) -> None:
+        super().__init__(engine)
+        self.late = late
+
+    def claim(self, key: str, owner: str, lease_seconds: float) -> Claim | Blocked:
+        claim = super().claim(key, owner, lease_seconds)
+        if isinstance(claim, Claim):
+            return dataclasses.replace(claim, sent=claim.sent - self.late)
+        return claim
+
+
+def test_an_uncertain_key_claimed_past_its_window_sends_neither_lookup_nor_write(
+    own_database: str, worker_engine: Engine, downstream: Downstream, tmp_path: Path
+) -> None:
+    """An uncertain key (its last holder may have acted) whose claim is answered past the
+    trust window: the attempt gives the lease up before starting anything, so the downstream
+    sees no lookup (which could answer "not found" while the next holder writes) and no
+    write, and nothing is recorded: the next holder decides."""
+    downstream.reset()
+    routes = load_routes(write_routes(tmp_path / "routes.toml", downstream.url))
+    key = seed_pending_key(own_database, "late-uncertain")
+    query(own_database, "UPDATE idempotency_keys SET uncertain = true")
+    store = LateAnswers(worker_engine, late=(1 - GIVE_UP_MARGIN) * LEASE_SECONDS)
+    outcome = run_attempt(store, routes, key, lease_seconds=LEASE_SECONDS)
+    assert outcome == "lease_lost"
+    assert downstream.lookups == []
+    assert downstream.requests == []
+    assert query(own_database, "SELECT status, uncertain FROM idempotency_keys") == [
+        ("processing", True)
+    ]
+    # The same key claimed in time is looked up, then written once.
+    query(
+        own_database,
+        "UPDATE idempotency_keys SET status = 'pending', locked_until = NULL",
+    )
+    assert run_attempt(KeyStore(worker_engine), routes, key, lease_seconds=LEASE_SECONDS) == (
+        "succeeded"
+    )
+    assert downstream.lookups == [key]
+    assert downstream.effects == {key: 1}

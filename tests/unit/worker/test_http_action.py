@@ -9,13 +9,14 @@ import hmac
 import json
 import os
 import socket
+import time
 
 import httpx
 import pytest
 
 from outbox.core.routes import Route
 from worker.actions import ActionContext, http
-from worker.errors import RequestInvalid, classify
+from worker.errors import RequestInvalid, TransientError, classify
 
 
 def _closed_port() -> int:
@@ -144,3 +145,36 @@ def test_a_request_that_timed_out_is_reset_not_closed() -> None:
                 while chunk := accepted.recv(65536):
                     received += chunk
     assert received.startswith(b"POST /tasks")
+
+
+@pytest.mark.parametrize("why", ["flag", "clock"])
+def test_no_request_leaves_once_the_lease_is_not_held(
+    monkeypatch: pytest.MonkeyPatch, why: str
+) -> None:
+    """Neither the write nor the reconcile lookup is sent once the lease stopped being ours:
+    by the cancel flag, or by the clock alone past the trust window, before the keeper or the
+    attempt's wait has set the flag. Each ends in a `lease_lost` nothing was sent for."""
+    seen: list[httpx.Request] = []
+    _recording_client(monkeypatch, seen, 200)
+    route = Route(
+        match="crm.*",
+        action="http",
+        url="http://crm.test/tasks",
+        reconcile_url="http://crm.test/tasks/{key}",
+    )
+    for call in (http.run, http.reconcile):
+        ctx = _context("corr-1")
+        if why == "flag":
+            ctx.cancelled.set()
+        else:
+            ctx.trusted_until = lambda: time.monotonic() - 0.001
+        with pytest.raises(TransientError) as raised:
+            call(route, ctx)
+        assert classify(raised.value).error_code == "lease_lost"
+    assert seen == []
+    # Inside the window both go out.
+    held = _context("corr-1")
+    held.trusted_until = lambda: time.monotonic() + 60
+    http.run(route, held)
+    http.reconcile(route, held)
+    assert [r.method for r in seen] == ["POST", "GET"]

@@ -11,9 +11,8 @@ import httpx
 import pytest
 
 from outbox.core.routes import Route
-from worker.attempt import _told
 from worker.errors import classify, error_for_response
-from worker.outcomes import DeadLetter, Deferred, RetryLater, after_failure
+from worker.outcomes import DeadLetter, Deferred, RetryLater, after_failure, told
 from worker.store import Claim
 
 REQUEST = httpx.Request("POST", "http://n8n.test/webhook/crm")
@@ -94,9 +93,9 @@ def test_not_registered_retries_within_the_window_and_ends_permanent_past_it() -
     past = after_failure(route, _claim(attempt=7, spent=60), failure, False, rng)
     assert isinstance(past, DeadLetter)
     assert (past.kind, past.failure.transient) == ("permanent", False)
-    told = _told(past)
-    assert told is not None
-    assert told.failure is None  # told as an answer: n8n did answer
+    heard = told(past)
+    assert heard is not None
+    assert heard.failure is None  # told as an answer: n8n did answer
 
 
 def test_not_registered_inside_the_window_is_not_ended_by_the_attempt_budget() -> None:
@@ -150,11 +149,11 @@ def test_in_progress_defers_unspent_and_ends_at_the_retry_deadline() -> None:
     rng = random.Random(7)
     waiting = after_failure(route, _claim(attempt=1), failure, False, rng)
     assert waiting == Deferred("in_progress", 30, failure.detail, starts_budget=True)
-    assert _told(waiting) is None
+    assert told(waiting) is None
     ended = after_failure(route, _claim(attempt=1, spent=90), failure, False, rng)
     assert isinstance(ended, DeadLetter)
     assert ended.kind == "retries_exhausted"
-    assert _told(ended) is None
+    assert told(ended) is None
 
 
 @pytest.mark.parametrize(
