@@ -5,8 +5,10 @@ The answers are made for an IF node: 201 claimed (`uncertain: true`: look the ef
 acting), 200 already_succeeded (use the stored result) or superseded (a newer version of the
 key's lane), 409 in_progress or lane_busy (wait Retry-After), lease_lost (stop: someone else
 holds the key now) or not_a_claim_key (an event's key, which the gateway's worker acts on).
-Every endpoint needs the CLAIMS_TOKEN bearer token; without one configured, only clients on
-this machine are served (`outbox.core.access`).
+A complete or fail sent again with the same token, because its answer was lost, is answered
+with the outcome the first one recorded (`repeated: true`), not lease_lost. Every endpoint
+needs the CLAIMS_TOKEN bearer token; without one configured, only clients on this machine are
+served (`outbox.core.access`).
 """
 
 # No `from __future__ import annotations`: FastAPI must resolve the models at definition time.
@@ -20,7 +22,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox.claims import dedupe as marks
-from outbox.claims import service
+from outbox.claims import finish, service
 from outbox.claims.requests import (
     ClaimRequest,
     CompleteRequest,
@@ -238,7 +240,7 @@ def claims_router(
     async def heartbeat(key: KeyPath, body: HeartbeatRequest) -> JSONResponse:
         """Extend the lease while the side effect runs."""
         until = await database(
-            service.heartbeat(
+            finish.heartbeat(
                 engine(), key, body.lease_token, body.lease_seconds or settings.lease_seconds
             )
         )
@@ -250,19 +252,24 @@ def claims_router(
     async def complete(key: KeyPath, body: CompleteRequest) -> JSONResponse:
         """Record the side effect's result; every later claim gets it back."""
         done = await database(
-            service.complete(engine(), key, body.lease_token, body.result, body.external_ref)
+            finish.complete(engine(), key, body.lease_token, body.result, body.external_ref)
         )
-        if not done:
+        if done is None:
             return _lease_lost(key)
-        log.info("claim.completed", key=keys.mask_key(key), transition="processing -> succeeded")
-        return JSONResponse({"status": "succeeded", "key": key, "external_ref": body.external_ref})
+        log.info(
+            "claim.completed",
+            key=keys.mask_key(key),
+            transition="processing -> succeeded",
+            repeated=done.repeated,
+        )
+        return _recorded(key, done, external_ref=done.external_ref)
 
     @router.post("/{key}/fail")
     async def fail(key: KeyPath, body: FailRequest) -> JSONResponse:
         """Record a failure: retryable frees the key for the next claim; otherwise a dead
         letter is written for an operator."""
         done = await database(
-            service.fail(
+            finish.fail(
                 engine(),
                 key,
                 body.lease_token,
@@ -272,19 +279,28 @@ def claims_router(
                 effect=body.effect,
             )
         )
-        if not done:
+        if done is None:
             return _lease_lost(key)
-        status = "failed_retryable" if body.retryable else "failed_final"
         log.info(
             "claim.failed",
             key=keys.mask_key(key),
             error_code=body.error_code,
             effect=body.effect,
-            transition=f"processing -> {status}",
+            transition=f"processing -> {done.status}",
+            repeated=done.repeated,
         )
-        return JSONResponse({"status": status, "key": key})
+        return _recorded(key, done)
 
     return router
+
+
+def _recorded(key: str, done: finish.Recorded, **extra: Any) -> JSONResponse:
+    """The outcome a complete or fail recorded; a repeated call (the first one's answer was
+    lost) gets the same answer, marked `repeated`, and changed nothing."""
+    body: dict[str, Any] = {"status": done.status, "key": key, **extra}
+    if done.repeated:
+        body["repeated"] = True
+    return JSONResponse(body)
 
 
 def _lease_lost(key: str) -> JSONResponse:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import Path
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from outbox.claims import lanes, service
+from outbox.claims import finish, lanes
 from outbox.core import keys
 from outbox.core.labels import Label
 from outbox.core.problems import Problem
@@ -117,7 +117,7 @@ class FailRequest(BaseModel):
     detail: str = Field(default="", max_length=10_000)
     # Whether the side effect may exist: `none` only when the workflow knows nothing was done
     # (the downstream refused, or the request never left). Unknown makes the key uncertain.
-    effect: service.Effect = "unknown"
+    effect: finish.Effect = "unknown"
 
 
 class DedupeRequest(BaseModel):

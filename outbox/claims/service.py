@@ -7,9 +7,9 @@ worker. Neither side can claim, finish or re-drive the other's keys.
 
 The lease token a caller gets is `<fence>.<128 random bits>`: both parts are checked in the same
 WHERE of every later write, so a stale holder, or someone who knows only the number, changes
-nothing. Each function ends in one closed outcome; each statement it sends is one atomic step,
-committed by itself (the receiver's engine is in autocommit), and `claim` handles a key purged
-between its statements.
+nothing (`outbox.claims.finish` ends a claim). Each function ends in one closed outcome; each
+statement it sends is one atomic step, committed by itself (the receiver's engine is in
+autocommit), and `claim` handles a key purged between its statements.
 """
 
 from __future__ import annotations
@@ -18,18 +18,14 @@ import json
 import math
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from outbox.claims import lanes
-from outbox.core.redaction import redact
-from outbox.store import attempts, lifecycle
+from outbox.claims.finish import attempt_log
 from outbox.store import lanes as lanes_store
-
-MAX_DETAIL_CHARS = 2048
-# What a workflow says of the effect when it fails: `none` only when it knows nothing was done.
-Effect = Literal["none", "unknown"]
+from outbox.store import lifecycle
 
 
 @dataclass(frozen=True)
@@ -104,13 +100,6 @@ ClaimOutcome = (
 
 def _lease_token(fence: int, token: str) -> str:
     return f"{fence}.{token}"
-
-
-def _parse_lease_token(lease_token: str) -> tuple[int, str] | None:
-    fence, _, token = lease_token.partition(".")
-    if not fence.isdigit() or len(fence) > 18 or not token:
-        return None
-    return int(fence), token
 
 
 async def claim(
@@ -251,7 +240,7 @@ async def _lane_step(
             await conn.execute(
                 lanes_store.ADMIT,
                 {
-                    **_logged(None, attempt=claimed.attempt, worker=workflow),
+                    **attempt_log(None, attempt=claimed.attempt, worker=workflow),
                     "key": key,
                     "fence": row["fence"],
                     "token": token,
@@ -288,104 +277,6 @@ def busy_retry_after(lease_remaining: Any, held_seconds: Any) -> int:
     if held_seconds is None:
         return remaining
     return min(remaining, max(1, math.ceil(float(held_seconds))))
-
-
-async def _fenced(
-    engine: AsyncEngine, statement: Any, key: str, lease_token: str, params: dict[str, Any]
-) -> Any:
-    """Run a write that names the key's fence and token; its first row, None when stale."""
-    parsed = _parse_lease_token(lease_token)
-    if parsed is None:
-        return None
-    fence, token = parsed
-    async with engine.begin() as conn:
-        return (
-            (await conn.execute(statement, {"key": key, "fence": fence, "token": token, **params}))
-            .mappings()
-            .first()
-        )
-
-
-async def heartbeat(
-    engine: AsyncEngine, key: str, lease_token: str, lease_seconds: float
-) -> datetime | None:
-    """Extend the lease; None when the token no longer holds the key."""
-    row = await _fenced(
-        engine, lifecycle.RENEW_LEASE, key, lease_token, {"lease_seconds": lease_seconds}
-    )
-    return None if row is None else row["locked_until"]
-
-
-async def complete(
-    engine: AsyncEngine, key: str, lease_token: str, result: Any, external_ref: str | None
-) -> bool:
-    """Record success; False when the token no longer holds the key."""
-    row = await _fenced(
-        engine,
-        lifecycle.SUCCEED,
-        key,
-        lease_token,
-        {
-            **_logged("completed"),
-            "external_ref": external_ref,
-            "result": json.dumps(result, ensure_ascii=False, allow_nan=False),
-        },
-    )
-    return row is not None
-
-
-async def fail(
-    engine: AsyncEngine,
-    key: str,
-    lease_token: str,
-    *,
-    error_code: str,
-    retryable: bool,
-    detail: str,
-    effect: Effect,
-) -> bool:
-    """Record a failure (a dead letter when not retryable); False for a stale token.
-
-    Unless the workflow says the effect is absent, the key becomes uncertain: the next claim
-    answers `uncertain: true` and the workflow looks before acting again.
-    """
-    params: dict[str, Any] = {
-        **_logged("failed", error_code=error_code, detail=redact(detail)),
-        "error_code": error_code,
-        "error_detail": redact(detail)[:MAX_DETAIL_CHARS],
-        "uncertain": effect == "unknown",
-        "reconciled_absent": False,
-    }
-    if retryable:
-        statement = lifecycle.SCHEDULE_RETRY
-        params.update(delay_seconds=0, task_name="")
-    else:
-        statement = lifecycle.FAIL_FINAL
-        params.update(kind="permanent", final_status="failed_final")
-    row = await _fenced(engine, statement, key, lease_token, params)
-    return row is not None
-
-
-def _logged(
-    outcome: str | None,
-    *,
-    attempt: int | None = None,
-    worker: str | None = None,
-    error_code: str | None = None,
-    detail: str | None = None,
-) -> dict[str, Any]:
-    """The attempt log's parameters (`outbox.store.attempts`): a complete or fail starts at
-    its claim's row, counts as the key's current attempt, and names the claim's workflow."""
-    return {
-        "attempt": attempt,
-        "started_at": None,
-        "worker": worker,
-        "outcome": outcome,
-        "reconciled": None,
-        "status_code": None,
-        "log_error_code": error_code,
-        "log_detail": None if detail is None else detail[: attempts.DETAIL_CHARS],
-    }
 
 
 _NO_PAYLOAD_HASH = "no-payload"

@@ -219,6 +219,21 @@ RENEW_LEASE: TextClause = text(
     """
 )
 
+# A workflow's key keeps the token that finished it, so that the same call repeated (its answer
+# was lost) is confirmed by `FINISHED_BY` instead of refused; the next claim replaces it, and a
+# finished key's token can renew nothing (every lease step requires 'processing').
+_KEPT_BY_WORKFLOW = "CASE WHEN actor = 'workflow' THEN lease_token END"
+
+FINISHED_BY: TextClause = text(
+    """
+    -- What this token recorded when it finished the key, if the key has not moved on since
+    -- (no claim, replay or purge after it): a repeated complete or fail is answered with it.
+    SELECT status, external_ref FROM idempotency_keys
+     WHERE idempotency_key = :key AND fence = :fence AND lease_token = :token
+       AND actor = 'workflow' AND status <> 'processing'
+    """
+)
+
 SUCCEED: TextClause = text(
     f"""
     -- The effect happened: store the result under the fence, and the attempt in the log; the
@@ -227,8 +242,8 @@ SUCCEED: TextClause = text(
         UPDATE idempotency_keys
            SET status = 'succeeded', result = CAST(:result AS jsonb),
                external_ref = :external_ref, error_code = NULL, error_detail = NULL,
-               uncertain = false, lease_token = NULL, lease_owner = NULL, locked_until = NULL,
-               updated_at = now()
+               uncertain = false, lease_token = {_KEPT_BY_WORKFLOW}, lease_owner = NULL,
+               locked_until = NULL, updated_at = now()
          WHERE idempotency_key = :key AND fence = :fence AND lease_token = :token
            AND status = 'processing'
         RETURNING idempotency_key, attempts, correlation_id
@@ -249,7 +264,7 @@ SCHEDULE_RETRY: TextClause = text(
            SET status = 'failed_retryable', error_code = :error_code,
                error_detail = :error_detail,
                uncertain = (uncertain AND NOT :reconciled_absent) OR :uncertain,
-               lease_token = NULL, lease_owner = NULL, locked_until = NULL,
+               lease_token = {_KEPT_BY_WORKFLOW}, lease_owner = NULL, locked_until = NULL,
                first_failed_at = COALESCE(first_failed_at, now()),
                next_attempt_at = now() + make_interval(secs => :delay_seconds),
                updated_at = now()
@@ -275,7 +290,7 @@ FAIL_FINAL: TextClause = text(
         UPDATE idempotency_keys
            SET status = :final_status, error_code = :error_code, error_detail = :error_detail,
                uncertain = (uncertain AND NOT :reconciled_absent) OR :uncertain,
-               lease_token = NULL, lease_owner = NULL, locked_until = NULL,
+               lease_token = {_KEPT_BY_WORKFLOW}, lease_owner = NULL, locked_until = NULL,
                next_attempt_at = NULL, first_failed_at = COALESCE(first_failed_at, now()),
                updated_at = now()
          WHERE idempotency_key = :key AND fence = :fence AND lease_token = :token

@@ -187,3 +187,56 @@ def test_busy_retry_after_estimates_the_run_from_how_long_it_has_been_held(stack
         " locked_until = now() + interval '30 seconds' WHERE idempotency_key = 'estimate'",
     )
     assert int(claim(stack, "estimate").headers["retry-after"]) in (29, 30)
+
+
+def test_a_repeated_complete_or_fail_is_answered_with_what_it_recorded(stack: Stack) -> None:
+    """The same call sent again after its answer was lost: a complete is confirmed with the
+    stored reference, a fail with its status, each marked `repeated` and changing nothing (one
+    dead letter, one attempt logged). Another outcome with that token, a forged token, or the
+    old token after a new claim still get `lease_lost`."""
+    token = claim(stack, "twice-done").json()["lease_token"]
+    body = {"lease_token": token, "result": {"task": "T-1"}, "external_ref": "T-1"}
+    first = claim_call(stack, "twice-done", "complete", body)
+    assert first.json() == {"status": "succeeded", "key": "twice-done", "external_ref": "T-1"}
+    again = claim_call(stack, "twice-done", "complete", {**body, "external_ref": "T-2"})
+    assert again.status_code == 200
+    assert again.json() == {
+        "status": "succeeded",
+        "key": "twice-done",
+        "external_ref": "T-1",
+        "repeated": True,
+    }
+    other = claim_call(
+        stack, "twice-done", "fail", {"lease_token": token, "error_code": "x", "retryable": True}
+    )
+    assert other.status_code == 409 and other.json()["status"] == "lease_lost"
+    forged = token.split(".")[0] + ".not-the-token"
+    assert (
+        claim_call(stack, "twice-done", "complete", {**body, "lease_token": forged}).json()[
+            "status"
+        ]
+        == "lease_lost"
+    )
+
+    token = claim(stack, "twice-failed").json()["lease_token"]
+    hard = {"lease_token": token, "error_code": "http_422", "retryable": False, "detail": "no"}
+    for _ in range(2):
+        answer = claim_call(stack, "twice-failed", "fail", hard)
+        assert answer.status_code == 200 and answer.json()["status"] == "failed_final"
+    assert answer.json()["repeated"] is True
+    assert query(
+        stack.database_url,
+        "SELECT count(*) FROM dead_letters WHERE idempotency_key = 'twice-failed'",
+    ) == [(1,)]
+    assert query(
+        stack.database_url,
+        "SELECT outcome FROM attempts WHERE idempotency_key = 'twice-failed' ORDER BY id",
+    ) == [("claimed",), ("failed",)]
+
+    token = claim(stack, "twice-soft").json()["lease_token"]
+    soft = {"lease_token": token, "error_code": "http_503", "retryable": True}
+    assert claim_call(stack, "twice-soft", "fail", soft).json()["status"] == "failed_retryable"
+    assert claim_call(stack, "twice-soft", "fail", soft).json()["repeated"] is True
+    assert claim(stack, "twice-soft").status_code == 201
+    stale = claim_call(stack, "twice-soft", "fail", soft)
+    assert stale.status_code == 409 and stale.json()["status"] == "lease_lost"
