@@ -55,12 +55,37 @@ def _without_data_in_errors(engine: Engine) -> None:
     event.listen(engine, "handle_error", _primary_message_only)
 
 
+# How long, in statement timeouts, a connection's link may stay silent before the client
+# itself gives the connection up (see `_silent_link_bound`).
+SILENT_LINK_TIMEOUTS = 2
+
+
+def _silent_link_bound(settings: Settings) -> dict[str, Any]:
+    """The client's own bound on a link that went silent (a partition that drops packets
+    instead of refusing them). The statement timeout is the server's, and a server that never
+    sees the statement never enforces it: without this a worker's step, and the process's
+    lease keeper with it, waited until the link healed or TCP gave up (about 15 minutes).
+    Data the server's kernel has not acknowledged after `tcp_user_timeout`, or keepalive probes
+    unanswered while waiting for an answer, close the connection: the step fails as
+    "database unavailable" after about twice the statement timeout, and is retried on a fresh
+    connection. A healthy server acknowledges at once, however long its statement runs."""
+    bound = SILENT_LINK_TIMEOUTS * settings.db_timeout_seconds
+    return {
+        "tcp_user_timeout": int(bound * 1000),
+        "keepalives": 1,
+        "keepalives_idle": max(1, math.ceil(settings.db_timeout_seconds)),
+        "keepalives_interval": 1,
+        "keepalives_count": 3,
+    }
+
+
 def _connect_args(settings: Settings, application_name: str, pooled: bool) -> dict[str, Any]:
     args: dict[str, Any] = {
         # libpq wants whole seconds, at least 2.
         "connect_timeout": max(2, math.ceil(settings.db_timeout_seconds)),
         # pg_stat_activity tells the process kinds apart (README's connection budget).
         "application_name": application_name,
+        **_silent_link_bound(settings),
     }
     if pooled:
         # A transaction pool hands each transaction any server connection: a statement
