@@ -182,11 +182,20 @@ def own_database(pg_admin_url: str, template_database: str) -> Iterator[str]:
 
 
 def _empty_tables(database_url: str) -> None:
+    """Every table emptied, except that each route's state row and permit slots are put back
+    with their defaults: a shared stack's worker makes them once per route and process
+    (`RouteGuard._ensure`) and remembers it, so rows it made must not vanish under it (its
+    breaker would count into no row, and its permits would never be free)."""
     with psycopg.connect(libpq(database_url), autocommit=True) as conn:
+        routes = conn.execute("SELECT route FROM route_state").fetchall()
+        slots = conn.execute("SELECT route, slot FROM route_permits").fetchall()
         conn.execute(
             "TRUNCATE idempotency_keys, events, outbox, dead_letters, replays, "
             "route_state, route_permits, route_changes, lanes, attempts, notices, notify_cursors"
         )
+        with conn.cursor() as cursor:
+            cursor.executemany("INSERT INTO route_state (route) VALUES (%s)", routes)
+            cursor.executemany("INSERT INTO route_permits (route, slot) VALUES (%s, %s)", slots)
 
 
 @pytest.fixture
