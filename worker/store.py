@@ -21,13 +21,14 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, RowMapping, TextClause
-from sqlalchemy.exc import DataError, DBAPIError
+from sqlalchemy.exc import DataError
 
 from outbox.core.logs import get_logger
 from outbox.core.redaction import redact
 from outbox.core.wire import PROCESS_TASK
 from outbox.store import attempts, lifecycle
 from outbox.store import routes as route_queries
+from outbox.store.engines import rows_once_more
 from worker.results import storable_ref, storable_result, storable_text
 
 # Error details are for people reading a dead letter, not a place to keep response bodies.
@@ -123,15 +124,7 @@ class KeyStore:
     def all(self, statement: TextClause, params: dict[str, Any]) -> list[RowMapping]:
         """Run one statement; its rows. Sent once more on a fresh connection when the server
         had dropped this one (see the module's docstring)."""
-        for attempt in (1, 2):
-            try:
-                with self.engine.begin() as conn:
-                    return list(conn.execute(statement, params).mappings())
-            except DBAPIError as error:
-                if attempt == 2 or not error.connection_invalidated:
-                    raise
-                log.warning("store.reconnect", error=type(error.orig).__name__)
-        raise AssertionError("unreachable")
+        return [row._mapping for row in rows_once_more(self.engine, statement, params)]
 
     def claim(self, key: str, owner: str, lease_seconds: float) -> Claim | Blocked:
         """Take the key with a fresh lease, fence and token, or say why not (counted).

@@ -40,7 +40,7 @@ from outbox.core.logs import get_logger
 from outbox.core.settings import Settings
 from outbox.relay.publisher import OutboxMessage, publish
 from outbox.store import relay as sql
-from outbox.store.engines import RELAY
+from outbox.store.engines import RELAY, rows_once_more
 
 log = get_logger(__name__)
 
@@ -71,12 +71,16 @@ NOTHING = Batch(0, 0, 0.0)
 def publish_due_batch(
     engine: Engine, app: Celery, limit: int, claim_seconds: float, send: Send = publish
 ) -> Batch:
-    """Take, publish and mark one batch of due rows; no transaction is open during the send."""
-    with engine.begin() as conn:
-        rows = conn.execute(
-            sql.CLAIM_DUE_OUTBOX,
-            {"limit": limit, "lease_seconds": claim_seconds, "traced": tracing.enabled()},
-        ).all()
+    """Take, publish and mark one batch of due rows; no transaction is open during the send.
+
+    Each step may be sent twice (`rows_once_more`): a claim repeated after a lost answer takes
+    other rows, and the first ones are taken again when their claim runs out (a message sent
+    twice, which the worker's claim makes harmless); marking and releasing are idempotent."""
+    rows = rows_once_more(
+        engine,
+        sql.CLAIM_DUE_OUTBOX,
+        {"limit": limit, "lease_seconds": claim_seconds, "traced": tracing.enabled()},
+    )
     if not rows:
         return NOTHING
     # The statement's RETURNING has no order; publish oldest first, as selected.
@@ -93,18 +97,16 @@ def publish_due_batch(
     finally:
         # Mark what went out, even when the broker failed half-way; give the rest back.
         unsent = sorted({m.outbox_id for m in messages} - set(sent))
-        with engine.begin() as conn:
-            if sent:
-                conn.execute(sql.MARK_PUBLISHED, {"ids": sent})
-            if unsent:
-                conn.execute(sql.RELEASE_OUTBOX_CLAIM, {"ids": unsent})
+        if sent:
+            rows_once_more(engine, sql.MARK_PUBLISHED, {"ids": sent})
+        if unsent:
+            rows_once_more(engine, sql.RELEASE_OUTBOX_CLAIM, {"ids": unsent})
     return Batch(len(rows), len(sent), max(float(r.waited_seconds) for r in rows))
 
 
 def seconds_until_next_due(engine: Engine) -> float | None:
     """Seconds until the earliest row nobody holds is due (negative: overdue); None if none."""
-    with engine.connect() as conn:
-        value = conn.execute(sql.SECONDS_UNTIL_NEXT_DUE).scalar()
+    (value,) = rows_once_more(engine, sql.SECONDS_UNTIL_NEXT_DUE, {})[0]
     return None if value is None else float(value)
 
 

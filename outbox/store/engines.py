@@ -6,8 +6,9 @@ import math
 from typing import Any
 
 import psycopg
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, Row, create_engine, event
 from sqlalchemy.engine import ExceptionContext
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from outbox.core.logs import get_logger
@@ -199,7 +200,31 @@ def create_sync_engine(
 def create_relay_engine(settings: Settings) -> Engine:
     """The relay's connection: one (its loop sends one statement at a time), in autocommit,
     because each of its steps is one statement and no transaction may be open while it
-    publishes; the statement timeout bounds each step."""
+    publishes; the statement timeout bounds each step. No pre-ping: its steps go through
+    `rows_once_more`, as the worker's do (a ping before every statement was a quarter of the
+    relay's CPU samples under load, docs/performance.md)."""
     return create_sync_engine(
-        settings, pool_size=1, max_overflow=0, autocommit=True, application_name=RELAY
+        settings,
+        pool_size=1,
+        max_overflow=0,
+        pre_ping=False,
+        autocommit=True,
+        application_name=RELAY,
     )
+
+
+def rows_once_more(engine: Engine, statement: Any, params: dict[str, Any]) -> list[Row[Any]]:
+    """Run one statement on an autocommit engine; its rows. A statement that met a connection
+    the server had dropped (PostgreSQL restarted, an idle connection cut) is sent once more on
+    a fresh one, instead of pinging before every statement: one round trip per step, not two.
+    Only for steps that are safe to repeat (each caller's docstring says why)."""
+    for attempt in (1, 2):
+        try:
+            with engine.begin() as conn:
+                result = conn.execute(statement, params)
+                return list(result) if result.returns_rows else []
+        except DBAPIError as error:
+            if attempt == 2 or not error.connection_invalidated:
+                raise
+            log.warning("store.reconnect", error=type(error.orig).__name__)
+    raise AssertionError("unreachable")

@@ -127,6 +127,38 @@ def test_a_failed_publish_gives_the_rows_back(
     assert queue.llen(TASK_QUEUE) == 5
 
 
+def test_a_connection_the_server_dropped_costs_a_resent_statement_not_a_pass(
+    own_database: str, engine: Engine, app: Celery, queue: redis_client.Redis[Any]
+) -> None:
+    """The relay pings before nothing: when the server drops its connection between passes
+    (a restart, an idle cut), the next pass's statements go again on a fresh connection, and
+    so does the mark after a drop during the send. Each row is published once, and marked."""
+    db = own_database
+    _fill(db, 10)
+
+    def drop() -> int:
+        return len(
+            query(
+                db,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name = 'idem-relay'",
+            )
+        )
+
+    assert publish_due_batch(engine, app, 5, CLAIM_SECONDS).published == 5
+    assert drop() == 1
+
+    def send_then_drop(app: Celery, messages: list[OutboxMessage], sent: list[int]) -> None:
+        publish(app, messages, sent)
+        assert drop() == 1
+
+    second = publish_due_batch(engine, app, 5, CLAIM_SECONDS, send_then_drop)
+    assert (second.taken, second.published) == (5, 5)
+    assert queue.llen(TASK_QUEUE) == 10
+    assert _count(db, "published_at IS NOT NULL AND claimed_until IS NULL") == 10
+    assert query(db, "SELECT min(publish_attempts), max(publish_attempts) FROM outbox") == [(1, 1)]
+
+
 def test_rows_of_a_relay_that_died_mid_publish_are_taken_after_its_lease(
     own_database: str, engine: Engine, app: Celery, queue: redis_client.Redis[Any]
 ) -> None:
