@@ -76,6 +76,13 @@ QUIET_LIBRARIES = (
     # The worker's broker address on each connection; a lost connection is a WARNING or an
     # ERROR and still shows (the worker's "ready." line stays: tools wait for it).
     "celery.worker.consumer.connection",
+    # A line per task received and per task ended (its retry, its expected dead letter), beside
+    # the attempt's own `attempt.claimed` and `attempt.finished`, which say more (transition,
+    # outcome, error code, duration): two of a worker's four lines per event, and a share of
+    # its CPU per event (docs/performance.md). A task that raises unexpectedly is an ERROR of
+    # `celery.app.trace` and still shows.
+    "celery.worker.strategy",
+    "celery.app.trace",
     # HTTP clients log each request line with its full URL (httpx at INFO, httpcore and
     # urllib3 at DEBUG), and a route's URL may carry a credential in its query
     # (`?api_key=${CRM_KEY}`) or its userinfo: below WARNING at any LOG_LEVEL. The worker
