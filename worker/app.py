@@ -140,6 +140,9 @@ def create_worker_app(settings: Settings) -> Celery:
         attempt's span when tracing is on, a child of the message's send span); through
         `store` when the key shares its statements with its siblings (`worker.siblings`)."""
         structlog.contextvars.clear_contextvars()
+        # The message's id (`outbox-<ids>`, what Flower lists) on each of the attempt's lines:
+        # Celery's own per-task lines are not written (outbox.core.logs).
+        structlog.contextvars.bind_contextvars(task_id=message_id)
         if correlation_id:
             structlog.contextvars.bind_contextvars(correlation_id=correlation_id)
         try:

@@ -113,7 +113,8 @@ def test_routes_list_destinations_and_a_fan_out_route_refuses_a_pause(stack: Sta
         assert refused.json()["error"] == "route_fans_out"
         assert refused.json()["destinations"] == BILLING
         assert "books, finance-flow, notify" in refused.json()["detail"]
-    assert query(stack.database_url, "SELECT route FROM route_state") == []
+    assert query(stack.database_url, "SELECT route FROM route_state WHERE route = 'billing'") == []
+    assert query(stack.database_url, "SELECT count(*) FROM route_changes") == [(0,)]
 
     paused = _post(stack, "/v1/routes/notify/pause", {"reason": "channel migration"})
     assert paused.status_code == 200 and paused.json()["changed"] is True, paused.text
