@@ -19,7 +19,19 @@ from typing import Any
 
 from rich.console import Console
 
-from bench import drain, fanout, growth, ingest, memory, ordered, peers, pipeline, slow, webhooks
+from bench import (
+    drain,
+    fanout,
+    growth,
+    ingest,
+    memory,
+    ordered,
+    peers,
+    pipeline,
+    scale,
+    slow,
+    webhooks,
+)
 from bench.config import FULL, SMOKE, Profile
 from bench.context import Bench
 from bench.infra import (
@@ -46,6 +58,7 @@ SECTIONS = (
     "ordered",
     "fanout",
     "peers",
+    "scale",
 )
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 
@@ -212,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
                         checks.extend(found)
 
                     section("peers", do_peers)
+                if "scale" in wanted:
+
+                    def do_scale() -> None:
+                        document["scale"], found = scale.run(bench)
+                        checks.extend(found)
+
+                    section("scale", do_scale)
             finally:
                 redis_server.stop()
     finally:

@@ -34,6 +34,7 @@ CHECKED = {
     "ordered": "9 ordered traffic",
     "fanout": "10 fan-out",
     "peers": "11 peers",
+    "scale": "12 scale",
 }
 # The webhooks, ordered, fan-out and slow-downstream sections run with every section (`make
 # test-slow`); what they drive is proven in `make test` by tests/integration/ingest/
