@@ -7,17 +7,24 @@ alternate between them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
+
+from sqlalchemy import create_engine
 
 from bench.context import Bench, interleaved, paired_ratio
 from bench.infra import sql
 from bench.ingest import errors_note
 from bench.load import Result, Spec
 from bench.report import Check, median
+from outbox.core.settings import Settings
+from outbox.maintenance.purge import PURGE_BATCH, purge
 
 GROWTH_TARGET = 0.90
+# The statement timeout every process runs with by default (DB_TIMEOUT_SECONDS), in ms.
+STATEMENT_TIMEOUT_MS = Settings.model_fields["db_timeout_seconds"].default * 1000
 
 
 def fill_keys(url: str, rows: int) -> None:
@@ -56,6 +63,42 @@ def fill_keys(url: str, rows: int) -> None:
         )
     sql(url, "VACUUM ANALYZE idempotency_keys")
     sql(url, "VACUUM ANALYZE events")
+
+
+def purge_figures(url: str, expire: int) -> dict[str, Any]:
+    """Expire `expire` of the database's keys, then purge them as `idem purge --yes` does (its
+    batches of `PURGE_BATCH` keys, one transaction each): keys per second, and each batch's
+    time (what one statement holds its locks for, against the statement timeout)."""
+    sql(
+        url,
+        "UPDATE idempotency_keys SET expires_at = now() - interval '1 second'"
+        " WHERE idempotency_key IN (SELECT idempotency_key FROM idempotency_keys"
+        " WHERE status = 'succeeded' ORDER BY random() LIMIT %(n)s)",
+        {"n": expire},
+    )
+    engine = create_engine(url)
+    batches: list[float] = []
+    purged = 0
+    began = time.monotonic()
+    try:
+        while True:
+            started = time.monotonic()
+            report = purge(engine, dry_run=False, max_batches=1)
+            batches.append((time.monotonic() - started) * 1000)
+            purged += report.expired_keys
+            if report.expired_keys < PURGE_BATCH:
+                break
+    finally:
+        engine.dispose()
+    seconds = time.monotonic() - began
+    return {
+        "expired": expire,
+        "purged": purged,
+        "keys_per_s": purged / seconds if seconds > 0 else 0.0,
+        "batch_ms_p50": median(batches),
+        "batch_ms_max": max(batches),
+        "batches": len(batches),
+    }
 
 
 def wal_position(url: str) -> dict[str, float]:
@@ -141,6 +184,30 @@ def run(bench: Bench) -> tuple[dict[str, Any], list[Check]]:
             )
         for process in procs.values():
             process.check_alive()
+        # A tenth of each database's keys expired and purged, the receivers idle.
+        bench.say("growth: purge")
+        purges = {
+            name: purge_figures(urls[name], max(1, rows // 10)) for name, rows in sizes.items()
+        }
+        summary["purge"] = purges
+        for name in sizes:
+            if purges[name]["purged"] != purges[name]["expired"]:
+                raise RuntimeError(f"growth: purge removed {purges[name]} in the {name} database")
+        large, small = purges["large"], purges["small"]
+        checks.append(
+            Check(
+                "5 growth",
+                f"purge keys/s with {sizes['large']:,} keys ({large['purged']:,} expired; batch "
+                f"of {PURGE_BATCH:,} p50 {large['batch_ms_p50']:.0f} ms, max "
+                f"{large['batch_ms_max']:.0f} ms)",
+                large["keys_per_s"],
+                "/s",
+                f"{sizes['small']:,} keys",
+                small["keys_per_s"],
+                f"batch max < statement timeout {STATEMENT_TIMEOUT_MS:.0f} ms",
+                large["batch_ms_max"] < STATEMENT_TIMEOUT_MS,
+            )
+        )
     finally:
         for process in procs.values():
             process.stop_all()

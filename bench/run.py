@@ -14,6 +14,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="a PostgreSQL where the run may create and drop databases "
         "(env BENCH_DATABASE_ADMIN_URL)",
     )
+    parser.add_argument(
+        "--growth-keys",
+        type=int,
+        default=0,
+        help="existing keys of the growth section's large database (override; 10 000 000 for "
+        "docs/scaling.md)",
+    )
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     parser.add_argument(
         "--slow-pool",
@@ -112,6 +120,8 @@ def memory_step(profile: Profile, e2e_rate: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     profile: Profile = SMOKE if args.smoke else FULL
+    if args.growth_keys > 0:
+        profile = replace(profile, growth_large=args.growth_keys)
     wanted = set(filter(None, args.only.split(","))) or set(SECTIONS)
     unknown = wanted - set(SECTIONS)
     if unknown:
