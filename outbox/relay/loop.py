@@ -63,6 +63,10 @@ class Batch:
     taken: int
     published: int
     oldest_waited_seconds: float
+    # The idle check's answer, when the marking statement gave it (every row of the batch went
+    # out): seconds until the next row nobody holds falls due, None if none. Unknown otherwise.
+    next_due: float | None = None
+    knows_next_due: bool = False
 
 
 NOTHING = Batch(0, 0, 0.0)
@@ -92,16 +96,23 @@ def publish_due_batch(
         for r in rows
     ]
     sent: list[int] = []
+    marked: list[Any] = []
     try:
         send(app, messages, sent)
     finally:
         # Mark what went out, even when the broker failed half-way; give the rest back.
         unsent = sorted({m.outbox_id for m in messages} - set(sent))
         if sent:
-            rows_once_more(engine, sql.MARK_PUBLISHED, {"ids": sent})
+            marked = rows_once_more(engine, sql.MARK_PUBLISHED, {"ids": sent})
         if unsent:
             rows_once_more(engine, sql.RELEASE_OUTBOX_CLAIM, {"ids": unsent})
-    return Batch(len(rows), len(sent), max(float(r.waited_seconds) for r in rows))
+    waited = max(float(r.waited_seconds) for r in rows)
+    if not marked or unsent:
+        # Rows given back are due again: the marking statement could not count them.
+        return Batch(len(rows), len(sent), waited)
+    (next_due,) = marked[0]
+    due = None if next_due is None else float(next_due)
+    return Batch(len(rows), len(sent), waited, due, knows_next_due=True)
 
 
 def seconds_until_next_due(engine: Engine) -> float | None:
@@ -262,7 +273,12 @@ def run_relay(
             try:
                 batch = publish_due_batch(engine, app, limit, settings.relay_claim_seconds, send)
                 full = batch.taken >= limit
-                next_due = None if full else seconds_until_next_due(engine)
+                if full:
+                    next_due = None
+                elif batch.knows_next_due:
+                    next_due = batch.next_due  # told by the marking statement
+                else:
+                    next_due = seconds_until_next_due(engine)
             except Exception as error:
                 failures += 1
                 delay = random.uniform(

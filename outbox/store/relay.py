@@ -49,12 +49,24 @@ CLAIM_DUE_OUTBOX: TextClause = text(
     """
 )
 
+# How long until the earliest row nobody holds falls due (negative: overdue; NULL: none).
+_NEXT_DUE = """
+    SELECT EXTRACT(EPOCH FROM min(available_at) - now())
+      FROM outbox
+     WHERE published_at IS NULL AND (claimed_until IS NULL OR claimed_until < now())
+"""
+
 MARK_PUBLISHED: TextClause = text(
-    """
-    -- After the send: a row is marked only once its message is in the broker.
-    UPDATE outbox
-       SET published_at = now(), claimed_until = NULL
-     WHERE id = ANY(:ids) AND published_at IS NULL
+    f"""
+    -- After the send: a row is marked only once its message is in the broker. In the same
+    -- round trip, the relay's idle check (SECONDS_UNTIL_NEXT_DUE): the rows this statement
+    -- marks still read as held, by the snapshot it started with, so they are not counted.
+    WITH marked AS (
+        UPDATE outbox
+           SET published_at = now(), claimed_until = NULL
+         WHERE id = ANY(:ids) AND published_at IS NULL
+    )
+    {_NEXT_DUE}
     """
 )
 
@@ -69,12 +81,10 @@ RELEASE_OUTBOX_CLAIM: TextClause = text(
 )
 
 SECONDS_UNTIL_NEXT_DUE: TextClause = text(
-    """
+    f"""
     -- How long the relay may sleep before a row nobody holds falls due (a retry, or a row
     -- whose holder's lease ended). Rows another relay holds are that relay's to publish; if
     -- it dies, the poll finds them once its lease is over.
-    SELECT EXTRACT(EPOCH FROM min(available_at) - now())
-      FROM outbox
-     WHERE published_at IS NULL AND (claimed_until IS NULL OR claimed_until < now())
+    {_NEXT_DUE}
     """
 )

@@ -25,7 +25,7 @@ from outbox.operate.deadletters import DeadLetterFilter, list_dead_letters
 from outbox.operate.replay import ReplayRequest, plan
 from outbox.relay import loop as relay
 from outbox.store import relay as queries
-from outbox.store.engines import create_sync_engine
+from outbox.store.engines import create_sync_engine, rows_once_more
 from tests.support import libpq
 
 SIZES = [
@@ -245,6 +245,9 @@ PATHS: dict[str, Callable[[Engine], Any]] = {
     "stuck keys": lambda e: stats.stuck(e, 300),
     "blocked lanes": lambda e: stats.blocked_lanes(e, 300),
     "relay's idle check": relay.seconds_until_next_due,
+    "relay's mark, with the idle check": lambda e: rows_once_more(
+        e, queries.MARK_PUBLISHED, {"ids": [1, 2, 3]}
+    ),
 }
 
 

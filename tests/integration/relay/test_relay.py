@@ -127,6 +127,26 @@ def test_a_failed_publish_gives_the_rows_back(
     assert queue.llen(TASK_QUEUE) == 5
 
 
+def test_the_mark_tells_when_the_next_row_falls_due(
+    own_database: str, engine: Engine, app: Celery, queue: redis_client.Redis[Any]
+) -> None:
+    """The statement that marks a batch answers the idle check too (one round trip fewer per
+    pass): the rows it marks do not count, a row due in a minute does; with nothing left it
+    answers None."""
+    db = own_database
+    _fill(db, 3)
+    query(db, "UPDATE outbox SET available_at = now() + interval '60 seconds' WHERE id = 3")
+    batch = publish_due_batch(engine, app, 500, CLAIM_SECONDS)
+    assert (batch.taken, batch.published, batch.knows_next_due) == (2, 2, True)
+    assert batch.next_due is not None and 55 < batch.next_due <= 60
+    query(db, "UPDATE outbox SET available_at = now() WHERE id = 3")
+    last = publish_due_batch(engine, app, 500, CLAIM_SECONDS)
+    assert (last.taken, last.knows_next_due, last.next_due) == (1, True, None)
+    assert queue.llen(TASK_QUEUE) == 3
+    # Nothing taken: the loop asks its own statement.
+    assert publish_due_batch(engine, app, 500, CLAIM_SECONDS).knows_next_due is False
+
+
 def test_a_connection_the_server_dropped_costs_a_resent_statement_not_a_pass(
     own_database: str, engine: Engine, app: Celery, queue: redis_client.Redis[Any]
 ) -> None:
