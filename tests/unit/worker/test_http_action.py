@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -88,6 +89,17 @@ def _recording_client(
     monkeypatch.setattr(http, "_client_pid", os.getpid())
 
 
+def _crm_route(**settings: Any) -> Route:
+    """An http route with a reconcile lookup, on a host the recording client answers for."""
+    return Route(
+        match="crm.*",
+        action="http",
+        url="http://crm.test/tasks",
+        reconcile_url="http://crm.test/tasks/{key}",
+        **settings,
+    )
+
+
 def test_a_signing_route_signs_the_exact_bytes_of_action_and_reconcile(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -95,13 +107,7 @@ def test_a_signing_route_signs_the_exact_bytes_of_action_and_reconcile(
     webhook-timestamp and a signature that an independent check accepts over the bytes sent."""
     seen: list[httpx.Request] = []
     _recording_client(monkeypatch, seen, 200)
-    route = Route(
-        match="crm.*",
-        action="http",
-        url="http://crm.test/tasks",
-        reconcile_url="http://crm.test/tasks/{key}",
-        signing_secret=SIGNING_SECRET,
-    )
+    route = _crm_route(signing_secret=SIGNING_SECRET)
     http.run(route, _context("corr-1"))
     http.reconcile(route, _context("corr-1"))
     assert [r.method for r in seen] == ["POST", "GET"]
@@ -156,12 +162,7 @@ def test_no_request_leaves_once_the_lease_is_not_held(
     attempt's wait has set the flag. Each ends in a `lease_lost` nothing was sent for."""
     seen: list[httpx.Request] = []
     _recording_client(monkeypatch, seen, 200)
-    route = Route(
-        match="crm.*",
-        action="http",
-        url="http://crm.test/tasks",
-        reconcile_url="http://crm.test/tasks/{key}",
-    )
+    route = _crm_route()
     for call in (http.run, http.reconcile):
         ctx = _context("corr-1")
         if why == "flag":
