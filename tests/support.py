@@ -930,3 +930,19 @@ def system_state(*paths: Path) -> dict[str, Any]:
         "mounts": sorted(Path("/proc/self/mountinfo").read_text().splitlines()),
         "folders": {str(f): (f.stat().st_mode, f.stat().st_uid, f.stat().st_gid) for f in folders},
     }
+
+
+def refuse_shared_successes(database_url: str) -> None:
+    """Make every `SUCCEED_KEYS` fail (the attempt log refuses its rows, as a full disk or a
+    broken constraint would), and nothing else: the shared write's fallback, tested."""
+    query(
+        database_url,
+        "CREATE FUNCTION refuse_shared() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN IF current_query() LIKE '%Several effects happened%' THEN"
+        "   RAISE EXCEPTION 'refused'; END IF; RETURN NEW; END $$",
+    )
+    query(
+        database_url,
+        "CREATE TRIGGER refuse_shared BEFORE INSERT ON attempts"
+        " FOR EACH ROW EXECUTE FUNCTION refuse_shared()",
+    )

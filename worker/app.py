@@ -41,6 +41,7 @@ from outbox.store.engines import create_sync_engine
 from worker import broker, metrics
 from worker.attempt import run_attempt
 from worker.deliveries import report_all, run_each
+from worker.grouped import GroupedStore
 from worker.guard import RouteGuard
 from worker.lease import holder
 from worker.siblings import claim_together
@@ -63,7 +64,7 @@ class Runtime:
         if store is None:
             with self._lock:  # the threads pool's first tasks arrive together
                 if self._store is None:
-                    self._store = KeyStore(self._engine())
+                    self._store = GroupedStore(self._engine(), self.settings.lease_seconds)
                     self._guard = RouteGuard(self._store)
                 store = self._store
         return store

@@ -53,23 +53,33 @@ def claim_together(
 ) -> Siblings:
     """Claim `keys` in one statement, each as `KeyStore.claim` would take or refuse it alone
     (a refused key's reason is read and counted as for one key)."""
-    tokens = {key: lifecycle.new_lease_token() for key in keys}
+    return Siblings(store, claim_keys(store, [(key, owner) for key in keys], lease_seconds))
+
+
+def claim_keys(
+    store: KeyStore, wanted: Sequence[tuple[str, str]], lease_seconds: float
+) -> dict[str, Claim | Blocked]:
+    """Claim each (key, holder) of `wanted` in one statement (`CLAIM_KEYS`), each as
+    `KeyStore.claim` would take or refuse it alone: a refused key's reason is read and counted
+    as for one key. The keys are distinct."""
+    tokens = {key: lifecycle.new_lease_token() for key, _ in wanted}
+    owners = dict(wanted)
     sent = time.monotonic()
     rows = store.all(
         siblings.CLAIM_KEYS,
         {
             "keys": list(tokens),
             "tokens": list(tokens.values()),
-            "owner": owner,
+            "owners": [owners[key] for key in tokens],
+            "owner": None,
             "lease_seconds": lease_seconds,
         },
     )
     taken = {row["idempotency_key"]: row for row in rows}
-    claims: dict[str, Claim | Blocked] = {
-        key: claim_of(taken[key], token, owner, sent) if key in taken else store.blocked(key)
+    return {
+        key: claim_of(taken[key], token, owners[key], sent) if key in taken else store.blocked(key)
         for key, token in tokens.items()
     }
-    return Siblings(store, claims)
 
 
 class Siblings(KeyStore):
@@ -136,10 +146,15 @@ class Siblings(KeyStore):
     def _write(self, batch: dict[str, dict[str, Any]]) -> dict[str, bool | None]:
         if len(batch) == 1:
             return {key: None for key in batch}  # one key: its own statement, as usual
-        params = {name: [p[field] for p in batch.values()] for name, field in _COLUMNS.items()}
         try:
-            rows = self.all(siblings.SUCCEED_KEYS, params)
+            done = succeed_keys(self, list(batch.values()))
         except Exception:
             return {key: None for key in batch}  # each alone, with a single key's handling
-        done = {row["idempotency_key"] for row in rows}
         return {key: key in done for key in batch}
+
+
+def succeed_keys(store: KeyStore, successes: Sequence[Mapping[str, Any]]) -> set[str]:
+    """Record several successes in one statement (`SUCCEED_KEYS`), each from its `SUCCEED`
+    parameters (`success_params`); the keys whose fence and token still matched."""
+    params = {name: [p[column] for p in successes] for name, column in _COLUMNS.items()}
+    return {row["idempotency_key"] for row in store.all(siblings.SUCCEED_KEYS, params)}

@@ -6,10 +6,11 @@ it. Each fragment reads the key as `k` and its row before the claim as `previous
 from __future__ import annotations
 
 
-def taken(token: str) -> str:
-    """The SET list of a claim storing the lease token `token` (a parameter or a column): the
-    attempt counted, the fence one higher, the lease from the database clock, and a reclaim
-    (an expired lease) counted and made uncertain: the last holder may have acted."""
+def taken(token: str, owner: str = ":owner") -> str:
+    """The SET list of a claim storing the lease token `token` and its holder `owner` (each a
+    parameter or a column): the attempt counted, the fence one higher, the lease from the
+    database clock, and a reclaim (an expired lease) counted and made uncertain: the last
+    holder may have acted."""
     return f"""status = 'processing',
                fence = k.fence + 1,
                attempts = k.attempts + 1,
@@ -17,7 +18,7 @@ def taken(token: str) -> str:
                    + CASE WHEN k.status = 'processing' THEN 1 ELSE 0 END,
                uncertain = k.uncertain OR k.status = 'processing',
                lease_token = {token},
-               lease_owner = :owner,
+               lease_owner = {owner},
                locked_until = now() + make_interval(secs => :lease_seconds),
                next_attempt_at = NULL,
                updated_at = now()"""

@@ -21,11 +21,13 @@ from outbox.store import attempts, claiming
 CLAIM_KEYS: TextClause = text(
     f"""
     -- Take each of :keys that nobody holds, as CLAIM_KEY takes one (pending, a due retry, or
-    -- an expired lease, which makes the key uncertain), each with its own token (:tokens, in
-    -- the same order), a fence one higher and its attempt counted. Only the worker's keys.
+    -- an expired lease, which makes the key uncertain), each with its own token and holder
+    -- (:tokens and :owners, in the same order), a fence one higher and its attempt counted.
+    -- Only the worker's keys.
     WITH wanted AS (
-        SELECT key, token FROM unnest(CAST(:keys AS text[]), CAST(:tokens AS text[]))
-            AS w(key, token)
+        SELECT key, token, owner
+          FROM unnest(CAST(:keys AS text[]), CAST(:tokens AS text[]), CAST(:owners AS text[]))
+            AS w(key, token, owner)
     ), previous AS MATERIALIZED (
         SELECT idempotency_key, status AS previous_status, lease_owner AS previous_owner,
                updated_at AS previous_updated_at
@@ -35,7 +37,7 @@ CLAIM_KEYS: TextClause = text(
            FOR UPDATE
     ), claimed AS (
         UPDATE idempotency_keys k
-           SET {claiming.taken("w.token")}
+           SET {claiming.taken("w.token", "w.owner")}
           FROM previous
           JOIN wanted w ON w.key = previous.idempotency_key
          WHERE k.idempotency_key = previous.idempotency_key

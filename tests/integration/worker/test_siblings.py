@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import Engine, event
 
 import worker.siblings
-from tests.support import query, seed_pending_key
+from tests.support import query, refuse_shared_successes, seed_pending_key
 from worker.siblings import Siblings, claim_together
 from worker.store import Blocked, Claim, KeyStore
 
@@ -179,17 +179,7 @@ def test_a_shared_write_the_database_refuses_is_written_key_by_key(
     siblings = claim_together(store, keys, "w1", 30)
     claims = [siblings.claim(key, "w1", 30) for key in keys]
     # Only the shared statement sends its attempt numbers as an array; make it fail.
-    query(
-        db,
-        "CREATE FUNCTION refuse_shared() RETURNS trigger LANGUAGE plpgsql AS $$"
-        " BEGIN IF current_query() LIKE '%Several effects happened%' THEN"
-        "   RAISE EXCEPTION 'refused'; END IF; RETURN NEW; END $$",
-    )
-    query(
-        db,
-        "CREATE TRIGGER refuse_shared BEFORE INSERT ON attempts"
-        " FOR EACH ROW EXECUTE FUNCTION refuse_shared()",
-    )
+    refuse_shared_successes(db)
 
     recorded = _succeed_all(siblings, [c for c in claims if isinstance(c, Claim)])
 

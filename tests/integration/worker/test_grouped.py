@@ -1,0 +1,254 @@
+"""Attempts of one process sharing their claim and success statements (`worker.grouped`) on
+real PostgreSQL: a batch forms only behind a statement in flight, each key in it is taken,
+refused or written exactly as alone, and a key twice in one batch shares it once.
+
+A statement is held in flight by a row lock another connection keeps on its key, so the
+attempts that arrive meanwhile queue behind it, as they do under load."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import Engine, event
+
+from tests.support import libpq, query, refuse_shared_successes, seed_pending_key
+from worker.grouped import Combiner, GroupedStore
+from worker.store import Blocked, Claim, KeyStore
+
+LEASE = 30.0
+# Each statement by the start of its first comment line (a parameter in it is sent rewritten).
+CLAIM_ONE = "-- Take a key of this actor that nobody holds"
+CLAIM_MANY = "-- Take each of"
+SUCCEED_ONE = "-- The effect happened: store the result"
+SUCCEED_MANY = "-- Several effects happened"
+PREFIXES = (CLAIM_ONE, CLAIM_MANY, SUCCEED_ONE, SUCCEED_MANY)
+
+
+@pytest.fixture
+def statements(worker_engine: Engine) -> Counter[str]:
+    """How many times each of the store's statements ran, by its first comment line."""
+    seen: Counter[str] = Counter()
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        comment = next((s for s in statement.splitlines() if s.strip().startswith("--")), "")
+        seen[next((p for p in PREFIXES if comment.strip().startswith(p)), comment)] += 1
+
+    event.listen(worker_engine, "before_cursor_execute", count)
+    return seen
+
+
+@contextmanager
+def row_locked(database_url: str, key: str) -> Iterator[None]:
+    """Another transaction holds `key`'s row until the block ends."""
+    with psycopg.connect(libpq(database_url)) as conn:
+        conn.execute("SELECT 1 FROM idempotency_keys WHERE idempotency_key = %s FOR UPDATE", (key,))
+        yield
+        conn.rollback()
+
+
+def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting: {what}"
+        time.sleep(0.01)
+
+
+def lock_waits(database_url: str) -> int:
+    """Statements of this database waiting for a row lock."""
+    rows = query(
+        database_url,
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND datname = current_database()",
+    )
+    return int(rows[0][0])
+
+
+def in_threads(calls: Sequence[Callable[..., Any]]) -> tuple[list[threading.Thread], list[Any]]:
+    answers: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        answers[i] = calls[i]()
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    return threads, answers
+
+
+def joined(threads: list[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join(20)
+        assert not thread.is_alive()
+
+
+def test_claims_arriving_behind_one_in_flight_share_the_next_statement(
+    own_database: str, worker_engine: Engine, statements: Counter[str]
+) -> None:
+    """A claim waits on a row lock; three more arrive meanwhile and go in one statement, each
+    held with its own token and holder. Alone, a claim is the single-key statement."""
+    db = own_database
+    store = GroupedStore(worker_engine, LEASE)
+    first = seed_pending_key(db, "first")
+    keys = [seed_pending_key(db, f"behind-{n}") for n in range(3)]
+
+    with row_locked(db, first):
+        head, head_answer = in_threads([lambda: store.claim(first, "w-head", LEASE)])
+        until(lambda: lock_waits(db) == 1, "the first claim to wait on the row lock")
+        calls = [partial(store.claim, k, f"w-{n}", LEASE) for n, k in enumerate(keys)]
+        behind, answers = in_threads(calls)
+        until(lambda: store._claims.waiting() == 3, "three claims queued")
+    joined(head + behind)
+
+    assert isinstance(head_answer[0], Claim)
+    assert all(isinstance(a, Claim) for a in answers)
+    assert len({a.token for a in answers}) == 3
+    assert [a.owner for a in answers] == ["w-0", "w-1", "w-2"]
+    assert statements[CLAIM_ONE] == 1 and statements[CLAIM_MANY] == 1
+    assert query(
+        db,
+        "SELECT idempotency_key, status, fence, attempts, lease_owner FROM idempotency_keys"
+        " WHERE idempotency_key LIKE '%behind%' ORDER BY idempotency_key",
+    ) == [(k, "processing", 1, 1, f"w-{n}") for n, k in enumerate(keys)]
+
+
+def test_a_key_delivered_twice_into_one_batch_is_claimed_once(
+    own_database: str, worker_engine: Engine, statements: Counter[str]
+) -> None:
+    """Two deliveries of one key queue behind the same statement: one holds it, the other is
+    refused as a live lease (its reason asked as for one key), and the key is claimed once."""
+    db = own_database
+    store = GroupedStore(worker_engine, LEASE)
+    first = seed_pending_key(db, "first")
+    twice, other = seed_pending_key(db, "twice"), seed_pending_key(db, "other")
+
+    with row_locked(db, first):
+        head, _ = in_threads([lambda: store.claim(first, "w-head", LEASE)])
+        until(lambda: lock_waits(db) == 1, "the first claim to wait on the row lock")
+        behind, answers = in_threads(
+            [
+                lambda: store.claim(twice, "w-a", LEASE),
+                lambda: store.claim(twice, "w-b", LEASE),
+                lambda: store.claim(other, "w-c", LEASE),
+            ]
+        )
+        until(lambda: store._claims.waiting() == 3, "three claims queued")
+    joined(head + behind)
+
+    held = [a for a in answers[:2] if isinstance(a, Claim)]
+    refused = [a for a in answers[:2] if isinstance(a, Blocked)]
+    assert len(held) == 1 and [(r.status, r.lease_live) for r in refused] == [("processing", True)]
+    assert isinstance(answers[2], Claim)
+    assert statements[CLAIM_MANY] == 1 and statements[CLAIM_ONE] == 2
+    assert query(
+        db,
+        "SELECT attempts, fence, blocked_deliveries FROM idempotency_keys"
+        " WHERE idempotency_key = %s",
+        (twice,),
+    ) == [(1, 1, 1)]
+
+
+def test_successes_behind_one_in_flight_are_one_write_each_under_its_own_fence(
+    own_database: str, worker_engine: Engine, statements: Counter[str]
+) -> None:
+    """Behind a success waiting on a row lock: a stale holder's success, the new holder's
+    success of the same key and another key's. The stale one writes nothing, the new holder's
+    lands (alone: a key shares a statement once), the other key's shares the stale one's."""
+    db = own_database
+    plain = KeyStore(worker_engine)
+    store = GroupedStore(worker_engine, LEASE)
+    first, taken, other = (seed_pending_key(db, name) for name in ("first", "taken", "other"))
+    head_claim, stale, other_claim = (plain.claim(k, "w", LEASE) for k in (first, taken, other))
+    query(
+        db,
+        "UPDATE idempotency_keys SET locked_until = now() - interval '1 second'"
+        " WHERE idempotency_key = %s",
+        (taken,),
+    )
+    fresh = plain.claim(taken, "w2", LEASE)
+    assert isinstance(stale, Claim) and isinstance(fresh, Claim)
+    assert isinstance(head_claim, Claim) and isinstance(other_claim, Claim)
+    assert fresh.fence == stale.fence + 1
+
+    with row_locked(db, first):
+        head, head_answer = in_threads([lambda: store.succeed(head_claim, {"n": 0}, None)])
+        until(lambda: lock_waits(db) == 1, "the first success to wait on the row lock")
+        behind, answers = in_threads(
+            [
+                lambda: store.succeed(stale, {"by": "stale"}, "stale"),
+                lambda: store.succeed(fresh, {"by": "fresh"}, "fresh"),
+                lambda: store.succeed(other_claim, {"by": "other"}, "other"),
+            ]
+        )
+        until(lambda: store._successes.waiting() == 3, "three successes queued")
+    joined(head + behind)
+
+    assert head_answer == [True]
+    assert answers == [False, True, True]
+    assert statements[SUCCEED_ONE] == 2 and statements[SUCCEED_MANY] == 1
+    assert query(
+        db,
+        "SELECT idempotency_key, status, fence, external_ref FROM idempotency_keys"
+        " ORDER BY idempotency_key",
+    ) == sorted(
+        [
+            (first, "succeeded", 1, None),
+            (taken, "succeeded", 2, "fresh"),
+            (other, "succeeded", 1, "other"),
+        ]
+    )
+
+
+def test_a_shared_write_that_fails_is_sent_again_by_each_attempt_alone(
+    own_database: str, worker_engine: Engine, statements: Counter[str]
+) -> None:
+    """The shared statement fails (the attempt log refuses it, as a full disk would): each of
+    its attempts then writes alone, and every success lands once."""
+    db = own_database
+    plain = KeyStore(worker_engine)
+    store = GroupedStore(worker_engine, LEASE)
+    keys = [seed_pending_key(db, f"refused-{n}") for n in range(4)]
+    claims = [c for c in (plain.claim(k, "w", LEASE) for k in keys) if isinstance(c, Claim)]
+    assert len(claims) == 4
+    refuse_shared_successes(db)
+
+    with row_locked(db, keys[0]):
+        head, _ = in_threads([lambda: store.succeed(claims[0], {"n": 0}, None)])
+        until(lambda: lock_waits(db) == 1, "the first success to wait on the row lock")
+        behind, answers = in_threads(
+            [partial(store.succeed, c, {"n": 1}, None) for c in claims[1:]]
+        )
+        until(lambda: store._successes.waiting() == 3, "three successes queued")
+    joined(head + behind)
+
+    assert answers == [True, True, True]
+    assert statements[SUCCEED_MANY] == 1 and statements[SUCCEED_ONE] == 4
+    assert query(db, "SELECT status, count(*) FROM idempotency_keys GROUP BY 1") == [
+        ("succeeded", 4)
+    ]
+    assert query(db, "SELECT count(*) FROM attempts WHERE outcome = 'succeeded'") == [(4,)]
+
+
+def test_an_error_of_a_statement_sent_alone_is_its_attempts_own() -> None:
+    """A statement sent alone raises in its attempt, as the store's own would; the next
+    attempt is not held up by it."""
+    calls: list[str] = []
+
+    def alone(item: str) -> str:
+        calls.append(item)
+        if item == "bad":
+            raise RuntimeError("refused")
+        return item.upper()
+
+    combiner: Combiner[str, str] = Combiner(alone, lambda items: [i.upper() for i in items])
+    with pytest.raises(RuntimeError, match="refused"):
+        combiner.submit("bad")
+    assert combiner.submit("good") == "GOOD"
+    assert calls == ["bad", "good"] and combiner.waiting() == 0
