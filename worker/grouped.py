@@ -15,9 +15,12 @@ single-key statement decides it (`outbox.store.siblings`): its own fence, token 
 key asks why as one key does, and a success whose fence or token no longer matches writes
 nothing. A key twice in one batch (delivered twice at once, or a stale holder's success beside
 the new holder's) shares it once; the other is sent alone after it. Rows are locked in key
-order, so two batches queue instead of deadlocking. A batch that
-fails for any reason (a result the database refuses, a dropped connection) is not retried as a
-batch: each of its attempts then sends its own statement, with a single key's handling.
+order, so two batches queue instead of deadlocking. A batch that fails for any reason (a result
+the database refuses, a dropped connection) is not retried as a batch: each of its attempts
+then sends its own statement, with a single key's handling.
+
+Under load, about half the claims and successes share a statement, a few keys to each; the
+worker's CPU per event fell by a sixth (docs/performance.md).
 """
 
 from __future__ import annotations
