@@ -8,7 +8,6 @@ attempts that arrive meanwhile queue behind it, as they do under load."""
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -19,7 +18,7 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, event
 
-from tests.support import libpq, query, refuse_shared_successes, seed_pending_key
+from tests.support import libpq, query, refuse_shared_successes, seed_pending_key, wait_until
 from worker.grouped import Combiner, GroupedStore
 from worker.store import Blocked, Claim, KeyStore
 
@@ -52,13 +51,6 @@ def row_locked(database_url: str, key: str) -> Iterator[None]:
         conn.execute("SELECT 1 FROM idempotency_keys WHERE idempotency_key = %s FOR UPDATE", (key,))
         yield
         conn.rollback()
-
-
-def until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 20
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting: {what}"
-        time.sleep(0.01)
 
 
 def lock_waits(database_url: str) -> int:
@@ -101,10 +93,10 @@ def test_claims_arriving_behind_one_in_flight_share_the_next_statement(
 
     with row_locked(db, first):
         head, head_answer = in_threads([lambda: store.claim(first, "w-head", LEASE)])
-        until(lambda: lock_waits(db) == 1, "the first claim to wait on the row lock")
+        wait_until(lambda: lock_waits(db) == 1, timeout=20, interval=0.01)
         calls = [partial(store.claim, k, f"w-{n}", LEASE) for n, k in enumerate(keys)]
         behind, answers = in_threads(calls)
-        until(lambda: store._claims.waiting() == 3, "three claims queued")
+        wait_until(lambda: store._claims.waiting() == 3, timeout=20, interval=0.01)
     joined(head + behind)
 
     assert isinstance(head_answer[0], Claim)
@@ -131,7 +123,7 @@ def test_a_key_delivered_twice_into_one_batch_is_claimed_once(
 
     with row_locked(db, first):
         head, _ = in_threads([lambda: store.claim(first, "w-head", LEASE)])
-        until(lambda: lock_waits(db) == 1, "the first claim to wait on the row lock")
+        wait_until(lambda: lock_waits(db) == 1, timeout=20, interval=0.01)
         behind, answers = in_threads(
             [
                 lambda: store.claim(twice, "w-a", LEASE),
@@ -139,7 +131,7 @@ def test_a_key_delivered_twice_into_one_batch_is_claimed_once(
                 lambda: store.claim(other, "w-c", LEASE),
             ]
         )
-        until(lambda: store._claims.waiting() == 3, "three claims queued")
+        wait_until(lambda: store._claims.waiting() == 3, timeout=20, interval=0.01)
     joined(head + behind)
 
     held = [a for a in answers[:2] if isinstance(a, Claim)]
@@ -179,7 +171,7 @@ def test_successes_behind_one_in_flight_are_one_write_each_under_its_own_fence(
 
     with row_locked(db, first):
         head, head_answer = in_threads([lambda: store.succeed(head_claim, {"n": 0}, None)])
-        until(lambda: lock_waits(db) == 1, "the first success to wait on the row lock")
+        wait_until(lambda: lock_waits(db) == 1, timeout=20, interval=0.01)
         behind, answers = in_threads(
             [
                 lambda: store.succeed(stale, {"by": "stale"}, "stale"),
@@ -187,7 +179,7 @@ def test_successes_behind_one_in_flight_are_one_write_each_under_its_own_fence(
                 lambda: store.succeed(other_claim, {"by": "other"}, "other"),
             ]
         )
-        until(lambda: store._successes.waiting() == 3, "three successes queued")
+        wait_until(lambda: store._successes.waiting() == 3, timeout=20, interval=0.01)
     joined(head + behind)
 
     assert head_answer == [True]
@@ -221,11 +213,11 @@ def test_a_shared_write_that_fails_is_sent_again_by_each_attempt_alone(
 
     with row_locked(db, keys[0]):
         head, _ = in_threads([lambda: store.succeed(claims[0], {"n": 0}, None)])
-        until(lambda: lock_waits(db) == 1, "the first success to wait on the row lock")
+        wait_until(lambda: lock_waits(db) == 1, timeout=20, interval=0.01)
         behind, answers = in_threads(
             [partial(store.succeed, c, {"n": 1}, None) for c in claims[1:]]
         )
-        until(lambda: store._successes.waiting() == 3, "three successes queued")
+        wait_until(lambda: store._successes.waiting() == 3, timeout=20, interval=0.01)
     joined(head + behind)
 
     assert answers == [True, True, True]
