@@ -18,7 +18,10 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, event
 
+from outbox.core.routes import RouteTable
+from outbox.core.settings import Settings
 from tests.support import libpq, query, refuse_shared_successes, seed_pending_key, wait_until
+from worker.app import Runtime
 from worker.grouped import Combiner, GroupedStore
 from worker.store import Blocked, Claim, KeyStore
 
@@ -244,3 +247,19 @@ def test_an_error_of_a_statement_sent_alone_is_its_attempts_own() -> None:
         combiner.submit("bad")
     assert combiner.submit("good") == "GOOD"
     assert calls == ["bad", "good"] and combiner.waiting() == 0
+
+
+def test_a_worker_process_claims_and_records_through_the_grouped_store(own_database: str) -> None:
+    """The worker's runtime hands every attempt the grouped store, with the process's lease
+    (a claim under another lease would be sent alone), and a claim through it holds the key."""
+    settings = Settings(database_url=own_database, redis_url="redis://x", lease_seconds=7)
+    runtime = Runtime(settings=settings, routes=RouteTable([]))
+    store = runtime.store()
+    try:
+        assert isinstance(store, GroupedStore) and store.lease_seconds == 7
+        key = seed_pending_key(own_database, "through-runtime")
+        claim = store.claim(key, "w", 7)
+        assert isinstance(claim, Claim) and store.succeed(claim, {"ok": True}, None)
+        assert query(own_database, "SELECT status FROM idempotency_keys") == [("succeeded",)]
+    finally:
+        store.engine.dispose()
