@@ -3,11 +3,13 @@ processes."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 
 from outbox.core.settings import Settings
 from outbox.store import embedded
@@ -38,3 +40,17 @@ def worker_engine(own_database: str) -> Iterator[Engine]:
     )
     yield engine
     engine.dispose()
+
+
+@pytest.fixture
+def statements(worker_engine: Engine) -> Counter[str]:
+    """How many times each statement ran on the worker's engine, by its first comment line (as
+    sent: a parameter named in it reads `%(name)s`)."""
+    seen: Counter[str] = Counter()
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        comment = next((s for s in statement.splitlines() if s.strip().startswith("--")), "")
+        seen[comment.strip()] += 1
+
+    event.listen(worker_engine, "before_cursor_execute", count)
+    return seen

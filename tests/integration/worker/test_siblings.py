@@ -6,29 +6,14 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import Any
 
 import pytest
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine
 
 import worker.siblings
 from tests.support import query, refuse_shared_successes, seed_pending_key
 from worker.siblings import Siblings, claim_together
 from worker.store import Blocked, Claim, KeyStore
-
-
-@pytest.fixture
-def statements(worker_engine: Engine) -> Counter[str]:
-    """How many times each of the store's statements ran, by its first comment line."""
-    seen: Counter[str] = Counter()
-
-    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        comment = next((s for s in statement.splitlines() if s.strip().startswith("--")), "")
-        seen[comment.strip()] += 1
-
-    event.listen(worker_engine, "before_cursor_execute", count)
-    return seen
-
 
 SUCCEED_ONE = (
     "-- The effect happened: store the result under the fence, and the attempt in the log; the"
