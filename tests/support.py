@@ -80,6 +80,40 @@ def query(database_url: str, sql: str, params: Any = None) -> list[tuple[Any, ..
         return cur.fetchall() if cur.description else []
 
 
+def seed_due_outbox(
+    database_url: str, rows: int, *, waited: str = "0 seconds", first: int = 1
+) -> None:
+    """`rows` due outbox rows with their keys (`k-<first>` on), each due since `waited` ago:
+    the relay's work, with no event behind it (a relay never reads one)."""
+    params = {"first": first, "last": first + rows - 1, "waited": waited}
+    query(
+        database_url,
+        """
+        INSERT INTO idempotency_keys (idempotency_key, payload_hash, correlation_id, source,
+                                      event_type, route, expires_at)
+        SELECT 'k-' || g, 'h', 'c-' || g, 's', 'e', 'default', now() + interval '1 day'
+          FROM generate_series(%(first)s::int, %(last)s::int) g
+        """,
+        params,
+    )
+    query(
+        database_url,
+        "INSERT INTO outbox (idempotency_key, task_name, correlation_id, available_at)"
+        " SELECT 'k-' || g, 'idem.process', 'c-' || g, now() - CAST(%(waited)s AS interval)"
+        "   FROM generate_series(%(first)s::int, %(last)s::int) g",
+        params,
+    )
+
+
+def queued_tasks(broker: Any) -> list[tuple[str, list[Any]]]:
+    """(task name, args) of each message waiting in a Redis broker's task queue, oldest first:
+    what the relay published and no worker took."""
+    from outbox.core.wire import TASK_QUEUE
+
+    frames = [json.loads(m) for m in reversed(broker.lrange(TASK_QUEUE, 0, -1))]
+    return [(f["headers"]["task"], json.loads(base64.b64decode(f["body"]))[0]) for f in frames]
+
+
 def seed_pending_key(database_url: str, external_id: str) -> str:
     """A pending key with its event, written directly (no outbox row, so no worker sees it);
     returns the key."""

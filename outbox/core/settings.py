@@ -77,6 +77,11 @@ class Settings(BaseSettings):
     # one publish (bounded by broker_timeout_seconds), short enough that rows of a relay
     # killed mid-publish wait half a minute, not until someone notices.
     relay_claim_seconds: float = Field(default=30.0, gt=0)
+    # Several relays: one leads and publishes, the others stand by and check every third of
+    # this; the lead is renewed that often and passes to a standby this long after its holder
+    # died or stopped publishing (at once when it stops). 0: every relay publishes, each woken
+    # by every NOTIFY (safe, but each extra relay repeats the same statements).
+    relay_lead_seconds: float = Field(default=10.0, ge=0)
     # Pacing: once the rows a relay takes have waited longer than relay_backlog_age_seconds
     # (a backlog after an outage, not fresh events), it publishes at most relay_backlog_rate
     # rows per second and leaves the rest of the CPU to the receivers. Workers take a few

@@ -42,9 +42,9 @@ FANNED_OUT_COUNTED_UP_TO = 10_000
 
 
 def collect(engine: Engine, destinations: Iterable[str] = ()) -> dict[str, Any]:
-    """Keys by status, outbox backlog and lag, processing age, open dead letters, duplicates,
-    and each destination's deliveries (`destinations`: the configured ones, listed even with
-    nothing to count).
+    """Keys by status, outbox backlog, lag and the relay publishing it, processing age, open
+    dead letters, duplicates, and each destination's deliveries (`destinations`: the
+    configured ones, listed even with nothing to count).
 
     Nothing here reads every key: succeeded keys, and fan-out events past
     FANNED_OUT_COUNTED_UP_TO, are estimated on a large table (the answer says so in
@@ -70,6 +70,7 @@ def collect(engine: Engine, destinations: Iterable[str] = ()) -> dict[str, Any]:
             by_status["succeeded"] = int(conn.execute(q.STATS_KEYS_SUCCEEDED).scalar_one())
         counters = conn.execute(q.STATS_COUNTER_TOTALS).one()
         outbox = conn.execute(q.STATS_OUTBOX).one()
+        relay_lead = conn.execute(q.STATS_RELAY_LEAD).scalar()
         processing = conn.execute(q.STATS_PROCESSING).one()
         open_dead: Counter[str] = Counter()
         for r in conn.execute(q.STATS_DEAD_LETTERS):
@@ -85,6 +86,8 @@ def collect(engine: Engine, destinations: Iterable[str] = ()) -> dict[str, Any]:
             "due": int(outbox.due),
             "unpublished": int(outbox.unpublished),
             "oldest_due_age_seconds": round(float(outbox.oldest_due_age), 3),
+            # The relay publishing now (host:pid:tag); None while none holds the lead.
+            "relay_lead": relay_lead,
         },
         "processing": {
             "count": int(processing.processing),

@@ -188,7 +188,8 @@ def stats_command(as_json: AsJson = False) -> None:
     rows: list[tuple[str, Any]] = []
     for section, value in doc.items():  # a section of numbers, or one number
         nested = value.items() if isinstance(value, dict) else []
-        rows += [(section, "" if nested else value), *((f"  {n}", v) for n, v in nested)]
+        rows += [(section, "" if nested else value)]
+        rows += [(f"  {n}", "none" if v is None else v) for n, v in nested]
     rows += [("routes held (paused or open)", "" if held else "none")]
     rows += [(f"  {n}", f"{r['state']}, {r['backlog']} waiting") for n, r in held.items()]
     if destinations:

@@ -9,6 +9,9 @@ nothing to take always waits, even when rows are due but held by another relay, 
 never spin against each other. A relay killed between the publish and the mark leaves rows
 that any relay publishes again once the lease has ended: a second message for a key is
 harmless (the worker's claim refuses a finished or held key), a lost one is not possible.
+Of several relays only one runs this loop's passes at a time, the holder of the relays' lead
+(`outbox.relay.lead`); the others stand by without a LISTEN connection and take over once it
+stops, dies or cannot publish.
 
 Pacing: rows that have already waited longer than RELAY_BACKLOG_AGE_SECONDS are a backlog (an
 outage, a flood), not a fresh event someone is waiting on; those are published at no more than
@@ -38,6 +41,7 @@ from outbox.core import tracing
 from outbox.core.heartbeat import Heartbeat
 from outbox.core.logs import get_logger
 from outbox.core.settings import Settings
+from outbox.relay.lead import Lead
 from outbox.relay.publisher import OutboxMessage, publish
 from outbox.store import relay as sql
 from outbox.store.engines import RELAY, rows_once_more
@@ -157,6 +161,8 @@ def idle_wait(batch: Batch, next_due: float | None, poll_seconds: float) -> floa
 class Waiter(Protocol):
     def wait(self, timeout: float) -> None: ...
 
+    def rest(self, timeout: float) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -216,6 +222,13 @@ class Listener:
             if select.select([self._wake], [], [], timeout)[0]:
                 self._drain_wake()
 
+    def rest(self, timeout: float) -> None:
+        """A standby's wait: no LISTEN connection (a standby has nothing to do with a
+        NOTIFY), only a signal or the end of `timeout` ends it."""
+        self._disconnect()
+        if select.select([self._wake], [], [], max(0.0, timeout))[0]:
+            self._drain_wake()
+
     def _drain_wake(self) -> None:
         with contextlib.suppress(BlockingIOError):
             while self._wake.recv(512):
@@ -251,11 +264,13 @@ def run_relay(
     listener: Waiter | None = None,
     send: Send = publish,
 ) -> None:
-    """Run until `stop` is set (`listener` and `send` are replaceable for tests)."""
+    """Run until `stop` is set (`listener` and `send` are replaceable for tests). With
+    several relays only the holder of the lead (`outbox.relay.lead`) runs passes."""
     session = settings.session_url()
     waiter: Waiter = listener or Listener(libpq_dsn(session) if session else None)
     heartbeat = Heartbeat(settings.heartbeat_file)
     pacer = Pacer(settings.relay_backlog_rate, settings.relay_backlog_age_seconds)
+    lead = Lead(engine, settings.relay_lead_seconds)
     limit = settings.relay_batch_size
     failures = 0
     log.info(
@@ -265,12 +280,16 @@ def run_relay(
         backlog_rate=settings.relay_backlog_rate,
         # Through a transaction pool without DATABASE_DIRECT_URL there is no LISTEN: polling.
         listens=session is not None,
+        lead_seconds=settings.relay_lead_seconds,
     )
     try:
         while not stop.is_set():
             heartbeat.beat()
             began = time.monotonic()
             try:
+                if not lead.holds(publishing=failures == 0):
+                    waiter.rest(lead.seconds_to_check())
+                    continue
                 batch = publish_due_batch(engine, app, limit, settings.relay_claim_seconds, send)
                 full = batch.taken >= limit
                 if full:
@@ -303,9 +322,13 @@ def run_relay(
                 stop.wait(pause)
             if full:
                 continue
-            wait = idle_wait(batch, next_due, settings.relay_poll_seconds)
+            # A holder wakes for its lead's renewal too, however long the rows let it sleep.
+            wait = min(
+                idle_wait(batch, next_due, settings.relay_poll_seconds), lead.seconds_to_check()
+            )
             if wait > 0:
                 waiter.wait(wait)
     finally:
+        lead.resign()
         waiter.close()
         log.info("relay.stopped")

@@ -209,6 +209,14 @@ STATS_OUTBOX: TextClause = text(
     """
 )
 
+STATS_RELAY_LEAD: TextClause = text(
+    """
+    -- The relay that publishes now (outbox/relay/lead.py): no row when none holds a running
+    -- lead (no relay runs or reaches the database, or RELAY_LEAD_SECONDS is 0).
+    SELECT holder FROM relay_lead WHERE held_until > now()
+    """
+)
+
 STATS_PROCESSING: TextClause = text(
     """
     SELECT count(*) AS processing,

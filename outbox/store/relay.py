@@ -88,3 +88,35 @@ SECONDS_UNTIL_NEXT_DUE: TextClause = text(
     {_NEXT_DUE}
     """
 )
+
+TAKE_OR_KEEP_LEAD: TextClause = text(
+    """
+    -- The relays' lead (outbox/relay/lead.py): renew it for :seconds when :holder holds it,
+    -- take it when it is free, has run out, or its holder's server process is gone (the
+    -- holder died and the server saw its connection close; through a transaction pool that
+    -- process outlives the holder, and the lease alone applies), otherwise leave it. One row
+    -- comes back when :holder holds the lead after the statement, none when another relay
+    -- does. The upsert's row lock orders two relays that try at once: the second sees the
+    -- first's lead.
+    INSERT INTO relay_lead (id, holder, held_until, backend_pid)
+    VALUES (1, :holder, now() + make_interval(secs => :seconds), pg_backend_pid())
+    ON CONFLICT (id) DO UPDATE
+       SET holder = EXCLUDED.holder,
+           held_until = EXCLUDED.held_until,
+           backend_pid = EXCLUDED.backend_pid,
+           taken_at = CASE WHEN relay_lead.holder = EXCLUDED.holder
+                           THEN relay_lead.taken_at ELSE now() END
+     WHERE relay_lead.holder = EXCLUDED.holder
+        OR relay_lead.held_until < now()
+        OR NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = relay_lead.backend_pid)
+    RETURNING holder
+    """
+)
+
+RESIGN_LEAD: TextClause = text(
+    """
+    -- A relay that stops gives its lead up at once, so a standby takes it at its next check
+    -- instead of when the lease runs out. Only its own: a lead another relay took stays.
+    UPDATE relay_lead SET held_until = '-infinity' WHERE id = 1 AND holder = :holder
+    """
+)

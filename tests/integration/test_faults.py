@@ -21,6 +21,7 @@ from tests.support import (
     envelope,
     proxied_database,
     query,
+    seed_due_outbox,
     wait_until,
 )
 
@@ -82,27 +83,19 @@ def test_two_relays_publish_each_row_once(
     """Two relays draining one backlog send every outbox row exactly once."""
     db = own_database
     rows = 3000
-    query(
-        db,
-        """
-        INSERT INTO idempotency_keys (idempotency_key, payload_hash, correlation_id, source,
-                                      event_type, route, expires_at)
-        SELECT 'k-' || g, 'h', 'c-' || g, 's', 'e', 'default', now() + interval '1 day'
-          FROM generate_series(1, %(n)s) g;
-        """,
-        {"n": rows},
-    )
-    query(
-        db,
-        "INSERT INTO outbox (idempotency_key, task_name, correlation_id)"
-        " SELECT 'k-' || g, 'idem.process', 'c-' || g FROM generate_series(1, %(n)s) g",
-        {"n": rows},
-    )
+    seed_due_outbox(db, rows)
     # A broker of our own, with no worker: the messages stay there to be counted.
     redis, redis_url = start_redis(tmp_path / "redis", appendonly=False)
     broker = redis_client.Redis.from_url(redis_url)
-    # Small batches so both relays take part while the backlog drains.
-    stack = Stack(db, redis_url, routes_file, tmp_path, extra_env={"RELAY_BATCH_SIZE": "25"})
+    # Small batches so both relays take part while the backlog drains; with the lead off, as
+    # two holders for a moment (one paused past its lease) would be.
+    stack = Stack(
+        db,
+        redis_url,
+        routes_file,
+        tmp_path,
+        extra_env={"RELAY_BATCH_SIZE": "25", "RELAY_LEAD_SECONDS": "0"},
+    )
     stack.start_relay("relay-a")
     stack.start_relay("relay-b")
     try:

@@ -586,6 +586,7 @@ def test_stats_json_matches_the_rows(own_database: str, idem: Idem) -> None:
     }
     assert (doc["outbox"]["due"], doc["outbox"]["unpublished"]) == (1, 2)
     assert 590 < doc["outbox"]["oldest_due_age_seconds"] < 700
+    assert doc["outbox"]["relay_lead"] is None  # no relay runs here
     assert (doc["processing"]["count"], doc["processing"]["lease_expired"]) == (2, 1)
     assert 3590 < doc["processing"]["oldest_age_seconds"] < 3700
     assert doc["open_dead_letters"] == {"permanent": 1, "retries_exhausted": 0, "quarantined": 1}

@@ -4,7 +4,6 @@ relay holds the due rows."""
 
 from __future__ import annotations
 
-import base64
 import json
 import threading
 from collections.abc import Iterator
@@ -22,30 +21,9 @@ from outbox.relay.loop import IDLE_FLOOR_SECONDS, publish_due_batch, run_relay
 from outbox.relay.publisher import OutboxMessage, create_publisher, publish
 from outbox.store import relay as queries
 from outbox.store.engines import create_relay_engine
-from tests.support import query, seed_fan_out_event
+from tests.support import query, queued_tasks, seed_due_outbox, seed_fan_out_event
 
 CLAIM_SECONDS = 30.0
-
-
-def _fill(db: str, rows: int, *, waited: str = "0 seconds") -> None:
-    """`rows` due outbox rows with their keys, each due since `waited` ago."""
-    query(
-        db,
-        """
-        INSERT INTO idempotency_keys (idempotency_key, payload_hash, correlation_id, source,
-                                      event_type, route, expires_at)
-        SELECT 'k-' || g, 'h', 'c-' || g, 's', 'e', 'default', now() + interval '1 day'
-          FROM generate_series(1, %(n)s) g
-        """,
-        {"n": rows},
-    )
-    query(
-        db,
-        "INSERT INTO outbox (idempotency_key, task_name, correlation_id, available_at)"
-        " SELECT 'k-' || g, 'idem.process', 'c-' || g, now() - CAST(%(waited)s AS interval)"
-        "   FROM generate_series(1, %(n)s) g",
-        {"n": rows, "waited": waited},
-    )
 
 
 def _count(db: str, where: str) -> int:
@@ -54,7 +32,13 @@ def _count(db: str, where: str) -> int:
 
 @pytest.fixture
 def settings(own_database: str, own_redis: str) -> Settings:
-    return Settings(database_url=own_database, redis_url=own_redis, relay_poll_seconds=1.0)
+    # A lead of a minute: taken at the first pass, not due again within a test's passes.
+    return Settings(
+        database_url=own_database,
+        redis_url=own_redis,
+        relay_poll_seconds=1.0,
+        relay_lead_seconds=60.0,
+    )
 
 
 @pytest.fixture
@@ -84,7 +68,7 @@ def test_the_claim_is_committed_and_no_transaction_is_open_while_publishing(
     """While the relay sends a batch, its rows are already held (seen from another
     connection) and none of the database's connections is idle in a transaction."""
     db = own_database
-    _fill(db, 20)
+    seed_due_outbox(db, 20)
     seen: dict[str, int] = {}
 
     def send(app: Celery, messages: list[OutboxMessage], sent: list[int]) -> None:
@@ -113,7 +97,7 @@ def test_a_failed_publish_gives_the_rows_back(
     """A broker error during the send leaves every row of the batch unpublished and free for
     the next pass, not held until the lease ends."""
     db = own_database
-    _fill(db, 5)
+    seed_due_outbox(db, 5)
 
     def refuse(app: Celery, messages: list[OutboxMessage], sent: list[int]) -> None:
         raise ConnectionError("broker away")
@@ -134,7 +118,7 @@ def test_the_mark_tells_when_the_next_row_falls_due(
     pass): the rows it marks do not count, a row due in a minute does; with nothing left it
     answers None."""
     db = own_database
-    _fill(db, 3)
+    seed_due_outbox(db, 3)
     query(db, "UPDATE outbox SET available_at = now() + interval '60 seconds' WHERE id = 3")
     batch = publish_due_batch(engine, app, 500, CLAIM_SECONDS)
     assert (batch.taken, batch.published, batch.knows_next_due) == (2, 2, True)
@@ -154,7 +138,7 @@ def test_a_connection_the_server_dropped_costs_a_resent_statement_not_a_pass(
     (a restart, an idle cut), the next pass's statements go again on a fresh connection, and
     so does the mark after a drop during the send. Each row is published once, and marked."""
     db = own_database
-    _fill(db, 10)
+    seed_due_outbox(db, 10)
 
     def drop() -> int:
         return len(
@@ -185,7 +169,7 @@ def test_rows_of_a_relay_that_died_mid_publish_are_taken_after_its_lease(
     """Rows a relay took and never marked stay with it while its lease runs, then another
     relay publishes every one of them exactly once."""
     db = own_database
-    _fill(db, 30)
+    seed_due_outbox(db, 30)
     # The dead relay: it took the rows (committed) and never came back.
     query(
         db,
@@ -209,12 +193,6 @@ def test_rows_of_a_relay_that_died_mid_publish_are_taken_after_its_lease(
     assert query(db, "SELECT min(publish_attempts), max(publish_attempts) FROM outbox") == [(2, 2)]
 
 
-def _tasks(queue: redis_client.Redis[Any]) -> list[tuple[str, list[Any]]]:
-    """(task name, args) of each message in the queue, oldest first."""
-    frames = [json.loads(m) for m in reversed(queue.lrange(TASK_QUEUE, 0, -1))]
-    return [(f["headers"]["task"], json.loads(base64.b64decode(f["body"]))[0]) for f in frames]
-
-
 def test_an_events_deliveries_go_in_one_message_and_later_rows_alone(
     own_database: str, engine: Engine, app: Celery, queue: redis_client.Redis[Any]
 ) -> None:
@@ -225,13 +203,13 @@ def test_an_events_deliveries_go_in_one_message_and_later_rows_alone(
     db = own_database
     names = ("books", "finance-flow", "notify")
     event = seed_fan_out_event(db, "inv-1", dict.fromkeys(names, "pending"), queued=True)
-    _fill(db, 1)
+    seed_due_outbox(db, 1)
     keys = [delivery_key(event, name) for name in names]
 
     batch = publish_due_batch(engine, app, 500, CLAIM_SECONDS)
 
     assert (batch.taken, batch.published) == (4, 4)
-    assert sorted(_tasks(queue)) == [(PROCESS_TASK, ["k-1"]), (PROCESS_KEYS_TASK, [keys])]
+    assert sorted(queued_tasks(queue)) == [(PROCESS_TASK, ["k-1"]), (PROCESS_KEYS_TASK, [keys])]
     assert _count(db, "published_at IS NULL") == 0
 
     queue.unlink(TASK_QUEUE)
@@ -244,7 +222,7 @@ def test_an_events_deliveries_go_in_one_message_and_later_rows_alone(
     )
     again = publish_due_batch(engine, app, 500, CLAIM_SECONDS)
     assert (again.taken, again.published) == (2, 2)
-    assert sorted(_tasks(queue)) == [(PROCESS_TASK, [key]) for key in sorted(keys[:2])]
+    assert sorted(queued_tasks(queue)) == [(PROCESS_TASK, [key]) for key in sorted(keys[:2])]
 
 
 class CountingWaiter:
@@ -263,6 +241,9 @@ class CountingWaiter:
         if len(self.log) >= self.waits:
             self.stop.set()
 
+    def rest(self, timeout: float) -> None:
+        raise AssertionError("a relay alone holds the lead: it never stands by")
+
     def close(self) -> None:
         pass
 
@@ -280,7 +261,7 @@ def test_a_relay_waits_while_another_holds_the_due_rows(
     progress), each pass of the loop sends two statements and then waits, never zero seconds:
     no busy loop, and nothing published."""
     db = own_database
-    _fill(db, 50)
+    seed_due_outbox(db, 50)
     blocker = None
     if held_by == "lease":
         query(db, "UPDATE outbox SET claimed_until = now() + interval '1 hour'")
@@ -294,7 +275,13 @@ def test_a_relay_waits_while_another_holds_the_due_rows(
     stop = threading.Event()
     waiter = CountingWaiter(stop, waits=20)
 
-    def count(*_: Any) -> None:
+    lead_checks = 0
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        nonlocal lead_checks
+        if "relay_lead" in statement:
+            lead_checks += 1  # the relays' lead (tests/integration/relay/test_lead.py)
+            return
         waiter.statements += 1
         if waiter.statements > 100:
             stop.set()  # a spin: end the loop so the assertions below say so
@@ -310,6 +297,8 @@ def test_a_relay_waits_while_another_holds_the_due_rows(
     assert len(waiter.log) == 20
     # Claim, then "when is the next row due", then a wait: per pass, never more.
     assert all(statements == 2 for _, statements in waiter.log)
+    # The lead: taken at the first pass, given up at the stop, not asked for in between.
+    assert lead_checks == 2
     floor = settings.relay_poll_seconds if held_by == "lease" else IDLE_FLOOR_SECONDS
     assert all(timeout >= floor for timeout, _ in waiter.log)
     assert queue.llen(TASK_QUEUE) == 0
