@@ -2,10 +2,10 @@
 
 The model: every event costs a fixed CPU time in each kind of process (receiver, relay, worker)
 and in PostgreSQL, whatever the number of processes, because nothing the processes share costs
-more when there are more of them (each step is one statement on one row; relays split due rows
-with SKIP LOCKED, workers split keys with the claim). Then events/s ≈ the CPU the machine gives
-the pipeline / the CPU per event, and each kind of process needs `rate x its CPU per event`
-cores.
+more when there are more of them (each step is one statement on one row; one relay publishes
+while the others stand by, workers split keys with the claim). Then events/s ≈ the CPU the
+machine gives the pipeline / the CPU per event, and each kind of process needs
+`rate x its CPU per event` cores.
 
 Checked by running the same closed-loop bursts through one receiver, relay and worker, then
 through two receivers, two relays and three workers (on one database and one Redis; the load
