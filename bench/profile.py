@@ -109,7 +109,11 @@ def summarize(raw: Path, top: int = 15, units: int = 0, rate_hz: int = RATE_HZ) 
     ours: Counter[str] = Counter()
     processes: Counter[str] = Counter()
     total = 0
-    for line in raw.read_text().splitlines():
+    # One sample stack a line, split on newlines only: splitlines() also splits on the other
+    # line breaks Unicode knows, which a frame's text may hold (one did, in a worker's stack).
+    for line in raw.read_text().split("\n"):
+        if not line:
+            continue
         stack, _, count_text = line.rpartition(" ")
         count = int(count_text)
         total += count
