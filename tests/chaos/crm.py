@@ -242,6 +242,10 @@ class FakeCrm:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # A real CRM drops a request whose body stops coming. Without a bound, a worker's
+            # request cut mid-body by an isolated host (its reset lost with the link) held a
+            # handler, and the soak's "no request in flight", for good.
+            timeout = 30
 
             def _answer(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:
                 payload = json.dumps(body).encode()
@@ -274,6 +278,11 @@ class FakeCrm:
                     crm.inflight += 1
                 try:
                     self._post()
+                except TimeoutError:
+                    # The body (or the answer's send) stalled: close. A body that never came
+                    # was not committed; an effect committed before the answer's send stays,
+                    # and the worker finds it, as it does after a lost answer.
+                    self.close_connection = True
                 finally:
                     with crm.lock:
                         crm.inflight -= 1
