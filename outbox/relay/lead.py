@@ -5,8 +5,9 @@ rows), but every one of them is woken by the same NOTIFY and sends the same stat
 second relay doubled the relay's CPU per event and added a third to PostgreSQL's (bench section
 12, docs/scaling.md). So the relays share a lease row, `relay_lead`. Its holder publishes and
 renews it every third of RELAY_LEAD_SECONDS; a standby closes its LISTEN connection and checks
-as often, taking the lead once it is free or has run out. A relay that stops resigns, so a
-standby takes over within a check; one that dies is replaced once its lease runs out.
+as often, taking the lead once it is free, has run out, or its holder's server process has
+ended. A relay that stops resigns, and one that dies has its connection closed by the server,
+so a standby takes over within a check; a holder whose host went silent, once its lease runs out.
 
 The lead is about cost, never correctness: a holder paused past its lease and a new holder may
 both publish for a moment, which sends some rows twice, and the worker's claim refuses the

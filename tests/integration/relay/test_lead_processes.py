@@ -113,7 +113,8 @@ def test_a_holder_cut_off_from_the_broker_hands_the_rows_to_the_standby(
     """relay-a reaches the broker through a forwarder the test cuts; it still reaches
     PostgreSQL, so only its failing passes can tell it to let the lead go. A lead of 6 s, longer
     than a failing publish takes (about 2 s here), so the lead is not lost by a pass that
-    outlasts it: renewing it between failed passes would keep it for good."""
+    outlasts it: renewing it between failed passes would keep it until the backoff grew past
+    the lease."""
     db = own_database
     stack.extra_env["RELAY_LEAD_SECONDS"] = "6"
     port = int(own_redis.rsplit(":", 1)[1].split("/")[0])
