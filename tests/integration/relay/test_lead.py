@@ -165,7 +165,7 @@ def test_with_the_lead_off_every_relay_publishes_and_asks_nothing(
 
 class RestingWaiter:
     """Stands in for the LISTEN connection; counts waits and rests (a rest sleeps as the real
-    one does), and stops the relay after `rests` rests."""
+    one does), and stops the relay after `rests` rests or at its first wait."""
 
     def __init__(self, stop: threading.Event, rests: int) -> None:
         self.stop = stop
@@ -174,7 +174,8 @@ class RestingWaiter:
         self.limit = rests
 
     def wait(self, timeout: float) -> None:
-        self.waits += 1
+        self.waits += 1  # only a holder waits on LISTEN: a standby that does is wrong
+        self.stop.set()
 
     def rest(self, timeout: float) -> None:
         self.rests.append(timeout)
