@@ -16,8 +16,8 @@ three (`task_acks_on_failure_or_timeout`) and re-publishes none.
 A Redis restart is a connection loss the worker recovers from: kombu's Redis channel is
 patched so that a channel left without its connection fails like one (`worker.broker`).
 
-`idem.process` carries one key; `idem.process_keys` an event's deliveries, each run as
-`idem.process` would run it, at once (`worker.deliveries`).
+`idem.process` carries one key; `idem.process_keys` several (an event's deliveries, or keys that
+fell due together), each run as `idem.process` would run it, at once (`worker.deliveries`).
 """
 
 from __future__ import annotations
@@ -174,8 +174,9 @@ def create_worker_app(settings: Settings) -> Celery:
         name=PROCESS_KEYS_TASK, ignore_result=True, bind=True, throws=(DeadLettered,)
     )
     def process_keys(task: Any, keys: list[str], correlation_id: str | None = None) -> str:
-        """Several deliveries of one event, claimed together (`worker.siblings`): each key's
-        own attempt, all at once (`worker.deliveries`); the task ends when all have."""
+        """Several keys, claimed together (`worker.siblings`): each key's own attempt, all
+        at once (`worker.deliveries`); the task ends when all have. `correlation_id` is the
+        keys' shared one, None when they are unrelated (each attempt logs its own key's)."""
         # The request is the task thread's own (thread-local): read it here for every thread.
         request = task.request
         headers, message_id = request.get, request.id or ""

@@ -1,7 +1,8 @@
-"""Several deliveries of one event in one task message (`PROCESS_KEYS_TASK`).
+"""Several keys in one task message (`PROCESS_KEYS_TASK`).
 
-The relay sends an event's deliveries taken in one batch as one message, so they share what
-each message costs the worker (its fetch from Redis, its ack). Nothing else is shared: each
+The relay sends an event's deliveries taken in one batch as one message, and packs deliveries
+that fell due together up to RELAY_KEYS_PER_MESSAGE, so they share what each message costs the
+worker (its fetch from the broker, its ack, one claim statement). Nothing else is shared: each
 key runs its own attempt, exactly as a `PROCESS_TASK` message of that key would (its claim,
 fence, lease, outcome and span), each in a thread of its own, so a slow or hanging destination
 never holds its siblings back. The task ends when every attempt has ended, and reports the

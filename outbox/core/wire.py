@@ -11,8 +11,9 @@ PROCESS_TASK = "idem.process"
 """The Celery task the relay publishes; the worker registers it under this name."""
 
 PROCESS_KEYS_TASK = "idem.process_keys"
-"""The task carrying several deliveries of one event (`keys`, a list): the worker runs each
-key's attempt as `PROCESS_TASK` would, concurrently, so the deliveries share one message."""
+"""The task carrying several keys (`keys`, a list: an event's deliveries, or deliveries that
+fell due together): the worker runs each key's attempt as `PROCESS_TASK` would, concurrently,
+so the keys share one message."""
 
 TASK_QUEUE = "idem"
 """The one queue workers consume; the relay and the worker both name it."""

@@ -23,6 +23,7 @@ rows.
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import select
 import signal
@@ -262,7 +263,7 @@ def run_relay(
     app: Celery,
     stop: threading.Event,
     listener: Waiter | None = None,
-    send: Send = publish,
+    send: Send | None = None,
 ) -> None:
     """Run until `stop` is set (`listener` and `send` are replaceable for tests). With
     several relays only the holder of the lead (`outbox.relay.lead`) runs passes."""
@@ -272,6 +273,7 @@ def run_relay(
     pacer = Pacer(settings.relay_backlog_rate, settings.relay_backlog_age_seconds)
     lead = Lead(engine, settings.relay_lead_seconds)
     limit = settings.relay_batch_size
+    send = send or functools.partial(publish, keys_per_message=settings.relay_keys_per_message)
     failures = 0
     log.info(
         "relay.started",
@@ -281,6 +283,7 @@ def run_relay(
         # Through a transaction pool without DATABASE_DIRECT_URL there is no LISTEN: polling.
         listens=session is not None,
         lead_seconds=settings.relay_lead_seconds,
+        keys_per_message=settings.relay_keys_per_message,
     )
     try:
         while not stop.is_set():

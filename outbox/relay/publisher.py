@@ -40,14 +40,26 @@ class Envelope:
         return self.rows[0]
 
     @property
+    def correlation_id(self) -> str | None:
+        """The rows' correlation id when they share one; None for unrelated keys (each
+        attempt logs its own key's, read at its claim)."""
+        ids = {row.correlation_id for row in self.rows}
+        return self.first.correlation_id if len(ids) == 1 else None
+
+    @property
     def task_id(self) -> str:
         return "outbox-" + "+".join(str(row.outbox_id) for row in self.rows)
 
 
-def envelopes(messages: list[OutboxMessage]) -> list[Envelope]:
-    """The batch's messages, in order: the first rows of one event's deliveries (same event
-    and correlation id, `PROCESS_TASK`) travel together, where the first of them was; every
-    other row (a retry, a re-drive, a replay, a lane wake, a key that is no delivery) alone."""
+def envelopes(messages: list[OutboxMessage], keys_per_message: int = 1) -> list[Envelope]:
+    """The batch's messages, in order.
+
+    The first rows of one event's deliveries (same event and correlation id, `PROCESS_TASK`)
+    travel together, where the first of them was. Then consecutive `PROCESS_TASK` groups are
+    packed into messages of up to `keys_per_message` keys, so that a backlog's keys share what
+    each message costs the worker (its fetch, its ack, one claim statement); an event's
+    deliveries are never split. A row whose event is traced travels only with its siblings,
+    so that each trace holds only its own event's attempts."""
     groups: dict[tuple[str, str], list[OutboxMessage]] = {}
     order: list[list[OutboxMessage]] = []
     for message in messages:
@@ -59,7 +71,24 @@ def envelopes(messages: list[OutboxMessage]) -> list[Envelope]:
             group = groups[(message.event_key, message.correlation_id)] = []
             order.append(group)
         group.append(message)
-    return [Envelope(tuple(group)) for group in order]
+    packed: list[list[OutboxMessage]] = []
+    for group in order:
+        last = packed[-1] if packed else None
+        if last is not None and _packs(last, group, keys_per_message):
+            last.extend(group)
+        else:
+            packed.append(list(group))
+    return [Envelope(tuple(group)) for group in packed]
+
+
+def _packs(rows: list[OutboxMessage], group: list[OutboxMessage], most: int) -> bool:
+    """Whether `group` joins `rows` in one message: untraced deliveries of distinct keys."""
+    joined = rows + group
+    return (
+        len(joined) <= most
+        and all(row.task_name == PROCESS_TASK and row.trace_context is None for row in joined)
+        and len({row.key for row in joined}) == len(joined)
+    )
 
 
 def create_publisher(settings: Settings) -> Celery:
@@ -80,7 +109,9 @@ def create_publisher(settings: Settings) -> Celery:
     return app
 
 
-def publish(app: Celery, messages: list[OutboxMessage], sent: list[int]) -> None:
+def publish(
+    app: Celery, messages: list[OutboxMessage], sent: list[int], keys_per_message: int = 1
+) -> None:
     """Send a batch as standard Celery messages; `sent` names each row once the broker has it.
 
     Each message is built by Celery (`as_task_v2`), so workers consume it like any
@@ -90,14 +121,15 @@ def publish(app: Celery, messages: list[OutboxMessage], sent: list[int]) -> None
     (`traceparent`).
 
     An event's deliveries taken in one batch go as ONE `PROCESS_KEYS_TASK` message (`keys`, a
-    list; `envelopes`), so they share the worker's per-message cost (the fetch, the ack);
-    the worker still runs each key's own attempt.
+    list; `envelopes`), and so do up to `keys_per_message` consecutive deliveries, so they
+    share the worker's per-message cost (the fetch, the ack, the claim's statement); the
+    worker still runs each key's own attempt.
     """
     if not messages:
         return
     sends = tracing.batch_sends()
     try:
-        built = _build(app, messages, sends)
+        built = _build(app, messages, sends, keys_per_message)
         if broker_kind(app.conf.broker_url) == "amqp":
             _publish_confirmed(app, built, sent)
         else:
@@ -122,10 +154,10 @@ class _Message:
 
 
 def _build(
-    app: Celery, messages: list[OutboxMessage], sends: tracing.Sends | None
+    app: Celery, messages: list[OutboxMessage], sends: tracing.Sends | None, keys_per_message: int
 ) -> list[_Message]:
     built = []
-    for envelope in envelopes(messages):
+    for envelope in envelopes(messages, keys_per_message):
         message = envelope.first
         task_id = envelope.task_id
         args: list[Any]
@@ -136,12 +168,13 @@ def _build(
             task_name = PROCESS_KEYS_TASK
             args = [[row.key for row in envelope.rows]]
             argsrepr = repr([[mask_key(row.key) for row in envelope.rows]])
-        kwargsrepr = repr({"correlation_id": message.correlation_id})
+        correlation_id = envelope.correlation_id
+        kwargsrepr = repr({"correlation_id": correlation_id})
         task = app.amqp.as_task_v2(
             task_id,
             task_name,
             args=args,
-            kwargs={"correlation_id": message.correlation_id},
+            kwargs={"correlation_id": correlation_id},
             # What Flower and Celery's logs show: the masked key, never anything else.
             argsrepr=argsrepr,
             kwargsrepr=kwargsrepr,

@@ -329,3 +329,26 @@ def test_sigterm_ends_the_relay_in_the_middle_of_a_long_wait(private_stack: Any)
     # It left its wait because of the signal: its only idle wait was to last a minute.
     lines = [json.loads(line) for line in stack.logs("relay").splitlines() if "relay." in line]
     assert [line["event"] for line in lines][-1] == "relay.stopped"
+
+
+def test_the_loop_sends_a_batch_in_messages_of_keys_per_message(
+    own_database: str, settings: Settings, engine: Engine, app: Celery, queue: Any
+) -> None:
+    """Three full batches are due: the relay loop (its own send, from the settings) sends
+    each batch's rows in messages of RELAY_KEYS_PER_MESSAGE keys, every key once."""
+    seed_due_outbox(own_database, 30)
+    packing = settings.model_copy(update={"relay_batch_size": 10, "relay_keys_per_message": 4})
+    stop = threading.Event()
+
+    run_relay(packing, engine, app, stop, listener=CountingWaiter(stop, waits=1))
+
+    tasks = queued_tasks(queue)
+    assert [(name, len(args[0])) for name, args in tasks] == [
+        (PROCESS_KEYS_TASK, 4),
+        (PROCESS_KEYS_TASK, 4),
+        (PROCESS_KEYS_TASK, 2),
+    ] * 3
+    assert sorted(key for _, args in tasks for key in args[0]) == sorted(
+        f"k-{n}" for n in range(1, 31)
+    )
+    assert _count(own_database, "published_at IS NULL") == 0
