@@ -27,6 +27,7 @@ Every path out of an attempt ends in a recorded outcome or in a lease given up:
 from __future__ import annotations
 
 import contextvars
+import os
 import random
 import threading
 import time
@@ -65,6 +66,12 @@ log = get_logger(__name__)
 
 # An action's time limit when its route sets none, in leases (see ActionSettings.timeout_seconds).
 DEFAULT_TIMEOUT_LEASES = 3
+
+# The jitter of retries and deferrals: one generator per process, seeded anew in each forked
+# child so that prefork children do not draw the same delays (a generator per attempt seeded
+# itself from the OS each time: 1 % of the worker's samples). Its draws are thread-safe.
+_RANDOM = random.Random()
+os.register_at_fork(after_in_child=_RANDOM.seed)
 
 
 def run_attempt(
@@ -129,7 +136,7 @@ def run_attempt(
         outcome = turn
     else:
         limit = route.timeout_seconds or lease_seconds * DEFAULT_TIMEOUT_LEASES
-        rng = rng or random.Random()
+        rng = rng or _RANDOM
         # A trial's time: its action's limit and a lease, after which another key may try.
         admission = guard.admit(route, claim, limit + lease_seconds, rng) if guard else Admitted()
         if isinstance(admission, Held):
