@@ -1,9 +1,10 @@
-"""`python -m bench.profile [--target receiver|worker] [--seconds 10]`: where a process's CPU
+"""`python -m bench.profile [--target receiver|worker|relay] [--seconds 10]`: where a process's CPU
 time goes under load, sampled with py-spy (in .venv).
 
 receiver: `idem serve` under closed-loop ingest at 64 connections (noop routes).
 ceiling: the bench's bare uvicorn handler doing the same INSERTs, under the same load.
 worker: the Celery worker's pool processes while receiver + relay + worker run end to end.
+relay: the relay, under the same load.
 `--fan-out N`: the events' route fans out to N noop destinations (section 10's shape), so each
 event is N deliveries; a worker's units are then deliveries.
 
@@ -176,7 +177,9 @@ def fan_out_routes(destinations: int) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile")
-    parser.add_argument("--target", choices=["receiver", "ceiling", "worker"], default="receiver")
+    parser.add_argument(
+        "--target", choices=["receiver", "ceiling", "worker", "relay"], default="receiver"
+    )
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--admin-url", default=DEFAULT_ADMIN_URL)
@@ -194,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         url = procs.start_receiver()
         if args.target == "ceiling":
             url = procs.start_ceiling()
-        if args.target == "worker":
+        if args.target in ("worker", "relay"):
             procs.start_relay()
             procs.start_worker(concurrency=2)
         procs.ready()
@@ -218,8 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         record(pid, args.seconds, raw, "raw", subprocesses)
         done_during = succeeded(procs.database_url) - done_before
         load.join()
-        # Requests answered (receiver, ceiling) or events finished (worker) meanwhile.
-        units = done_during if args.target == "worker" else round(results[0].rate * args.seconds)
+        # Requests answered (receiver, ceiling) or events finished (worker, relay) meanwhile.
+        finished = args.target in ("worker", "relay")
+        units = done_during if finished else round(results[0].rate * args.seconds)
         # A second, shorter pass for the picture (py-spy writes one format at a time).
         load = threading.Thread(
             target=generate, args=(Spec(url=url, concurrency=args.concurrency, duration=5),)
