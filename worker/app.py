@@ -40,7 +40,7 @@ from outbox.core.wire import PROCESS_KEYS_TASK, PROCESS_TASK, TASK_QUEUE
 from outbox.store.engines import create_sync_engine
 from worker import broker, metrics
 from worker.attempt import run_attempt
-from worker.deliveries import report_all, run_each
+from worker.deliveries import report_all, run_each, run_in_turn
 from worker.grouped import GroupedStore
 from worker.guard import RouteGuard
 from worker.lease import holder
@@ -180,6 +180,12 @@ def create_worker_app(settings: Settings) -> Celery:
         # The request is the task thread's own (thread-local): read it here for every thread.
         request = task.request
         headers, message_id = request.get, request.id or ""
+        if settings.worker_pool == "prefork" and correlation_id is None:
+            # Unrelated keys (no shared correlation id) in a process of the prefork pool,
+            # which promises one attempt at a time: each key in turn, claimed alone.
+            return report_all(
+                run_in_turn(keys, lambda key: attempt(headers, message_id, key, correlation_id))
+            )
         together = claim_together(runtime.store(), keys, holder(), settings.lease_seconds)
 
         def each(key: str) -> Finished:

@@ -48,6 +48,24 @@ def run_each(keys: Sequence[str], attempt: Callable[[str], Finished]) -> list[Fi
     return [outcome for outcome in outcomes if outcome is not None]
 
 
+def run_in_turn(keys: Sequence[str], attempt: Callable[[str], Finished]) -> list[Finished]:
+    """Run `attempt(key)` for every key one after another, in the message's order; an
+    attempt's error is raised once every other attempt has run. A prefork worker runs a message
+    of unrelated keys this way: one attempt at a time per process, as the pool promises (an
+    event's deliveries still run at once), each key claimed only when its turn comes, so that
+    no lease runs out while it waits behind a slow one."""
+    outcomes: list[Finished] = []
+    errors: list[BaseException] = []
+    for key in keys:
+        try:
+            outcomes.append(attempt(key))
+        except BaseException as error:  # raised after the others, as run_each does
+            errors.append(error)
+    if errors:
+        raise errors[0]
+    return outcomes
+
+
 def report_all(outcomes: Sequence[Finished]) -> str:
     """The task's state for several attempts: FAILURE (`DeadLettered`) if any ended in a dead
     letter, else RETRY (`RetryScheduled`) if any scheduled a retry, each naming the error codes

@@ -123,3 +123,25 @@ def test_a_worker_killed_with_a_packed_message_in_flight_makes_no_second_effect(
         assert {key: downstream.effects[key] for key in keys} == dict.fromkeys(keys, 1)
         assert set(downstream.lookups) >= set(keys)
     assert _messages(stack) == [PACK]
+
+
+def test_a_prefork_worker_runs_a_packed_message_one_key_at_a_time_in_order(
+    private_stack: Stack, downstream: Downstream
+) -> None:
+    """The prefork pool promises one attempt at a time per process: a packed message of six
+    unrelated keys runs them one after another in its order, each claimed at its turn, one
+    request at the downstream at a time; each key one effect."""
+    stack = private_stack
+    stack.extra_env.update(RELAY_KEYS_PER_MESSAGE=str(PACK), WORKER_POOL="prefork")
+    keys = _backlog(stack, 6, "prefork")
+    downstream.behaviour = lambda key, number: Reply(201, delay=0.1)
+    stack.start_worker(concurrency=1)
+    stack.start_relay()
+
+    wait_until(lambda: set(_statuses(stack, keys).values()) == {"succeeded"}, timeout=60)
+
+    with downstream.lock:
+        assert [r["key"] for r in downstream.requests] == keys
+        assert {key: downstream.effects[key] for key in keys} == dict.fromkeys(keys, 1)
+        assert downstream.peak_in_flight == 1
+    assert _messages(stack) == [6]
