@@ -114,6 +114,18 @@ def queued_tasks(broker: Any) -> list[tuple[str, list[Any]]]:
     return [(f["headers"]["task"], json.loads(base64.b64decode(f["body"]))[0]) for f in frames]
 
 
+def queued_keys(broker: Any) -> list[str]:
+    """The keys of every message waiting in a Redis broker's task queue, oldest first: one
+    message's key, or the keys of a message that carries several (`idem.process_keys`)."""
+    from outbox.core.wire import PROCESS_KEYS_TASK
+
+    return [
+        key
+        for name, args in queued_tasks(broker)
+        for key in (args[0] if name == PROCESS_KEYS_TASK else args)
+    ]
+
+
 def seed_pending_key(database_url: str, external_id: str) -> str:
     """A pending key with its event, written directly (no outbox row, so no worker sees it);
     returns the key."""

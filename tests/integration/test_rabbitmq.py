@@ -59,8 +59,13 @@ def on_node(
     """An unstarted stack on its own database and the test's own node (a relay polling every
     0.2 s), stopped at the end."""
     downstream.reset()
+    # One key a message, so that the queue's message count is the events' count.
     stack = Stack(
-        own_database, node.url, routes_file, tmp_path, extra_env={"RELAY_POLL_SECONDS": "0.2"}
+        own_database,
+        node.url,
+        routes_file,
+        tmp_path,
+        extra_env={"RELAY_POLL_SECONDS": "0.2", "RELAY_KEYS_PER_MESSAGE": "1"},
     )
     yield stack
     stack.stop_all()

@@ -17,7 +17,7 @@ import redis as redis_client
 from outbox.core.settings import Settings
 from outbox.operate import stats
 from outbox.store.engines import create_relay_engine
-from tests.support import Stack, TcpProxy, query, queued_tasks, seed_due_outbox, wait_until
+from tests.support import Stack, TcpProxy, query, queued_keys, seed_due_outbox, wait_until
 
 # Checks every 0.5 s; a holder that stops renewing loses the lead 1.5 s later.
 LEAD_SECONDS = "1.5"
@@ -55,7 +55,7 @@ def _unpublished(db: str) -> int:
 
 def _keys(broker: redis_client.Redis[Any]) -> Counter[str]:
     """How many messages the queue holds for each key."""
-    return Counter(args[0] for _, args in queued_tasks(broker))
+    return Counter(queued_keys(broker))
 
 
 def _holder_pid(db: str) -> int | None:
