@@ -54,16 +54,18 @@ def _messages(stack: Stack) -> list[int]:
 def test_packed_keys_each_make_one_effect_through_a_flaky_downstream(
     private_stack: Stack, downstream: Downstream
 ) -> None:
-    """40 keys due at once travel in messages of 8; of each five, one is answered 503 once
+    """48 keys due at once travel in messages of 8; of each six, one is answered 503 once
     (a retry), one loses its answer past the read timeout (reconciled, not repeated), one is
-    refused for good (a dead letter, no effect) and two succeed: every key ends as alone."""
+    refused for good (a dead letter, no effect) and three succeed: every key ends as alone.
+    (A third of the calls fail transiently, under the breaker's rate: the circuit stays
+    closed and the test short.)"""
     stack = private_stack
     stack.extra_env["RELAY_KEYS_PER_MESSAGE"] = str(PACK)
-    keys = _backlog(stack, 40, "packed")
-    kinds = {key: n % 5 for n, key in enumerate(keys)}
+    keys = _backlog(stack, 48, "packed")
+    kinds = {key: n % 6 for n, key in enumerate(keys)}
 
     def behaviour(key: str, number: int) -> Reply:
-        kind = kinds.get(key, 4)
+        kind = kinds.get(key, 5)
         if kind == 0 and number == 1:
             return Reply(503)
         if kind == 1 and number == 1:
@@ -90,8 +92,8 @@ def test_packed_keys_each_make_one_effect_through_a_flaky_downstream(
     # The 503 was sent again; the lost answer was looked up, never sent twice.
     assert {key for key, n in posts.items() if n == 2} == {k for k, v in kinds.items() if v == 0}
     assert {k for k, v in kinds.items() if v == 1} <= looked_up
-    # The first pass took all 40: five messages of eight (retries may travel in smaller ones).
-    assert _messages(stack)[:5] == [PACK] * 5
+    # The first pass took all 48: six messages of eight (retries may travel in smaller ones).
+    assert _messages(stack)[:6] == [PACK] * 6
 
 
 def test_a_worker_killed_with_a_packed_message_in_flight_makes_no_second_effect(
