@@ -23,6 +23,7 @@ fell due together), each run as `idem.process` would run it, at once (`worker.de
 from __future__ import annotations
 
 import threading
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,7 @@ from worker.grouped import GroupedStore
 from worker.guard import RouteGuard
 from worker.lease import holder
 from worker.siblings import claim_together
+from worker.slots import Slots
 from worker.store import KeyStore
 from worker.task_state import DeadLettered, Finished, report
 
@@ -102,6 +104,9 @@ def create_worker_app(settings: Settings) -> Celery:
     routes = load_routes(settings.routes_file, sources=False)
     check_timing(settings, routes)
     runtime = Runtime(settings=settings, routes=routes)
+    # A threads worker's attempts in flight, whatever its messages carry (worker/slots.py). A
+    # prefork process runs one message at a time, unrelated keys in turn.
+    slots = Slots(settings.concurrency()) if settings.worker_pool == "threads" else None
     # Before any fork: a prefork child inherits the provider (its span processor restarts its
     # thread in the child).
     tracing.setup("idem-worker")
@@ -168,7 +173,8 @@ def create_worker_app(settings: Settings) -> Celery:
     )
     def process(task: Any, key: str, correlation_id: str | None = None) -> str:
         """One key's attempt; the task ends in the state that tells its outcome."""
-        return report(attempt(task.request.get, task.request.id or "", key, correlation_id))
+        with _slots(1):
+            return report(attempt(task.request.get, task.request.id or "", key, correlation_id))
 
     @app.task(  # type: ignore[untyped-decorator]
         name=PROCESS_KEYS_TASK, ignore_result=True, bind=True, throws=(DeadLettered,)
@@ -184,17 +190,30 @@ def create_worker_app(settings: Settings) -> Celery:
             # Unrelated keys (no shared correlation id) in a process of the prefork pool,
             # which promises one attempt at a time: each key in turn, claimed alone.
             return report_all(
-                run_in_turn(keys, lambda key: attempt(headers, message_id, key, correlation_id))
+                run_in_turn(keys, lambda key: [attempt(headers, message_id, key, correlation_id)])
             )
-        together = claim_together(runtime.store(), keys, holder(), settings.lease_seconds)
 
-        def each(key: str) -> Finished:
-            try:
-                return attempt(headers, message_id, key, correlation_id, together)
-            finally:
-                together.finished(key)
+        def chunk(part: list[str]) -> list[Finished]:
+            """Claim `part` together and run its attempts at once, in slots of its own."""
+            with _slots(len(part)):
+                together = claim_together(runtime.store(), part, holder(), settings.lease_seconds)
 
-        return report_all(run_each(keys, each))
+                def each(key: str) -> Finished:
+                    try:
+                        return attempt(headers, message_id, key, correlation_id, together)
+                    finally:
+                        together.finished(key)
+
+                return run_each(part, each)
+
+        # A message of more keys than the process has slots runs them that many at a time,
+        # claiming each part only when it starts.
+        size = slots.size if slots is not None else len(keys)
+        parts = [keys[start : start + size] for start in range(0, len(keys), size)]
+        return report_all(run_in_turn(parts, chunk))
+
+    def _slots(count: int) -> AbstractContextManager[None]:
+        return nullcontext() if slots is None else slots.taken(count)
 
     @signals.worker_process_init.connect(weak=False)  # type: ignore[untyped-decorator]
     def _after_fork(**_: Any) -> None:

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from worker.task_state import DeadLettered, Finished, RetryScheduled
+
+T = TypeVar("T")
 
 
 def run_each(keys: Sequence[str], attempt: Callable[[str], Finished]) -> list[Finished]:
@@ -48,17 +51,19 @@ def run_each(keys: Sequence[str], attempt: Callable[[str], Finished]) -> list[Fi
     return [outcome for outcome in outcomes if outcome is not None]
 
 
-def run_in_turn(keys: Sequence[str], attempt: Callable[[str], Finished]) -> list[Finished]:
-    """Run `attempt(key)` for every key one after another, in the message's order; an
-    attempt's error is raised once every other attempt has run. A prefork worker runs a message
-    of unrelated keys this way: one attempt at a time per process, as the pool promises (an
-    event's deliveries still run at once), each key claimed only when its turn comes, so that
-    no lease runs out while it waits behind a slow one."""
+def run_in_turn(items: Sequence[T], run: Callable[[T], list[Finished]]) -> list[Finished]:
+    """Run `run(item)` for every item one after another, in order, and return all their
+    outcomes; an error is raised once every other item has run.
+
+    A prefork worker runs a message of unrelated keys this way, one key at a time, as that
+    pool promises (an event's deliveries still run at once), each key claimed only when its
+    turn comes, so that no lease runs out while it waits behind a slow one; a threads worker
+    runs a message of more keys than it has slots (`worker.slots`) part after part."""
     outcomes: list[Finished] = []
     errors: list[BaseException] = []
-    for key in keys:
+    for item in items:
         try:
-            outcomes.append(attempt(key))
+            outcomes.extend(run(item))
         except BaseException as error:  # raised after the others, as run_each does
             errors.append(error)
     if errors:

@@ -78,9 +78,9 @@ class Settings(BaseSettings):
     # killed mid-publish wait half a minute, not until someone notices.
     relay_claim_seconds: float = Field(default=30.0, gt=0)
     # Deliveries due together travel in one message of up to this many keys: they share the
-    # worker's per-message cost and one claim statement, each key still its own attempt. A
-    # worker then runs up to its concurrency times this many attempts at once. 1: one key per
-    # message (an event's fanned-out deliveries still travel together).
+    # worker's per-message cost and one claim statement, each key still its own attempt (a
+    # worker's attempts in flight stay within its concurrency: worker/slots.py). 1: one key
+    # per message (an event's fanned-out deliveries still travel together).
     relay_keys_per_message: int = Field(default=8, ge=1, le=64)
     # Several relays: one leads and publishes, the others stand by and check every third of
     # this; the lead is renewed that often and passes to a standby this long after its holder

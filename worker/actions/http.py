@@ -49,9 +49,9 @@ def client() -> httpx.Client:
     """One connection pool per process (rebuilt after a fork: pools must not be shared)."""
     global _client, _client_pid
     if _client is None or _client_pid != os.getpid():
-        # No cap on connections: a worker's attempts in flight (WORKER_CONCURRENCY messages of
-        # up to RELAY_KEYS_PER_MESSAGE keys) are the cap, and a request must not wait in the
-        # client's queue past its timeouts.
+        # No cap on connections: a worker's concurrency (WORKER_CONCURRENCY attempts in flight,
+        # worker/slots.py) is the cap, and a request must not wait in the client's queue past
+        # its timeouts.
         transport = httpx.HTTPTransport(
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
             socket_options=[RESET_ON_CLOSE],

@@ -1,7 +1,8 @@
 """A backlog's keys packed into shared messages (`RELAY_KEYS_PER_MESSAGE`), on real relay and
 worker processes, counted at the fake downstream: each key still gets its own attempt, its own
 outcome and one effect, through a flaky downstream (a 503, a lost answer, a refusal) and through
-a worker killed with a packed message in flight."""
+a worker killed with a packed message in flight; a threads worker's attempts in flight stay
+within its concurrency, and a prefork worker runs a packed message's keys in turn."""
 
 from __future__ import annotations
 
@@ -127,23 +128,44 @@ def test_a_worker_killed_with_a_packed_message_in_flight_makes_no_second_effect(
     assert _messages(stack) == [PACK]
 
 
+def _run_slow_backlog(
+    stack: Stack, downstream: Downstream, count: int, prefix: str, concurrency: int
+) -> tuple[list[str], int]:
+    """`count` keys due at once, packed, answered after 0.1 s each by a worker of
+    `concurrency`; returns the keys once all succeeded, and the most requests at once."""
+    stack.extra_env["RELAY_KEYS_PER_MESSAGE"] = str(PACK)
+    keys = _backlog(stack, count, prefix)
+    downstream.behaviour = lambda key, number: Reply(201, delay=0.1)
+    stack.start_worker(concurrency=concurrency)
+    stack.start_relay()
+    wait_until(lambda: set(_statuses(stack, keys).values()) == {"succeeded"}, timeout=60)
+    with downstream.lock:
+        assert {key: downstream.effects[key] for key in keys} == dict.fromkeys(keys, 1)
+        return keys, downstream.peak_in_flight
+
+
 def test_a_prefork_worker_runs_a_packed_message_one_key_at_a_time_in_order(
     private_stack: Stack, downstream: Downstream
 ) -> None:
     """The prefork pool promises one attempt at a time per process: a packed message of six
     unrelated keys runs them one after another in its order, each claimed at its turn, one
     request at the downstream at a time; each key one effect."""
-    stack = private_stack
-    stack.extra_env.update(RELAY_KEYS_PER_MESSAGE=str(PACK), WORKER_POOL="prefork")
-    keys = _backlog(stack, 6, "prefork")
-    downstream.behaviour = lambda key, number: Reply(201, delay=0.1)
-    stack.start_worker(concurrency=1)
-    stack.start_relay()
+    private_stack.extra_env["WORKER_POOL"] = "prefork"
 
-    wait_until(lambda: set(_statuses(stack, keys).values()) == {"succeeded"}, timeout=60)
+    keys, peak = _run_slow_backlog(private_stack, downstream, 6, "prefork", concurrency=1)
 
-    with downstream.lock:
-        assert [r["key"] for r in downstream.requests] == keys
-        assert {key: downstream.effects[key] for key in keys} == dict.fromkeys(keys, 1)
-        assert downstream.peak_in_flight == 1
-    assert _messages(stack) == [6]
+    assert [r["key"] for r in downstream.requests] == keys
+    assert peak == 1
+    assert _messages(private_stack) == [6]
+
+
+def test_a_threads_worker_keeps_its_attempts_in_flight_within_its_concurrency(
+    private_stack: Stack, downstream: Downstream
+) -> None:
+    """Sixteen keys due at once travel in two messages of eight to a worker of concurrency 4:
+    at most four requests reach the downstream at once (a message waits for free slots before
+    it claims, and one of more keys than slots runs in parts), each key one effect."""
+    _, peak = _run_slow_backlog(private_stack, downstream, 16, "slots", concurrency=4)
+
+    assert peak == 4
+    assert _messages(private_stack) == [PACK, PACK]

@@ -124,9 +124,9 @@ def test_an_outage_spends_attempts_only_on_requests_sent_and_loses_no_event(
         circuit_cooldown_seconds=cooldown,
         circuit_cooldown_cap_seconds=cap,
     )
-    # Attempts in flight: the worker's messages, each of up to two keys.
-    keys_per_message = 2
-    stack.extra_env["RELAY_KEYS_PER_MESSAGE"] = str(keys_per_message)
+    # Keys due together travel packed, two to a message; attempts in flight stay within the
+    # worker's concurrency (worker/slots.py).
+    stack.extra_env["RELAY_KEYS_PER_MESSAGE"] = "2"
     stack.start_receiver()
     stack.start_relay()
     concurrency = 4
@@ -145,7 +145,7 @@ def test_an_outage_spends_attempts_only_on_requests_sent_and_loses_no_event(
 
     during = [r for r in downstream.requests if r["at"] < outage_ends]
     # At most the attempts in flight when the first failure opened the circuit, plus trials.
-    bound = concurrency * keys_per_message + max_trials(outage, cooldown, cap, trials=3)
+    bound = concurrency + max_trials(outage, cooldown, cap, trials=3)
     assert len(during) <= bound, (len(during), bound)
     assert query(stack.database_url, "SELECT count(*) FROM dead_letters") == [(0,)]
     assert downstream.effects == {key: 1 for key in keys}
@@ -167,13 +167,11 @@ def test_pause_holds_events_pending_and_resume_runs_them_once_in_acceptance_orde
     protected: tuple[Stack, Path], downstream: Downstream
 ) -> None:
     """Events of a paused route are accepted and wait as pending without spending an attempt;
-    on resume each succeeds once, in the order accepted (one worker thread and one key a
-    message, so the order of deliveries is the order of requests), and both changes are on
-    record."""
+    on resume each succeeds once, in the order accepted (one attempt at a time: the resumed
+    keys travel packed, and a worker of concurrency 1 runs a message's keys one after another,
+    so the order of deliveries is the order of requests), and both changes are on record."""
     stack, routes = protected
     _routes(routes, downstream.url)
-    # One key a message too: a message of several keys runs them at once, in any order.
-    stack.extra_env["RELAY_KEYS_PER_MESSAGE"] = "1"
     stack.start_receiver()
     stack.start_relay()
     stack.start_worker(concurrency=1)
