@@ -23,7 +23,6 @@ fell due together), each run as `idem.process` would run it, at once (`worker.de
 from __future__ import annotations
 
 import threading
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,7 +105,7 @@ def create_worker_app(settings: Settings) -> Celery:
     runtime = Runtime(settings=settings, routes=routes)
     # A threads worker's attempts in flight, whatever its messages carry (worker/slots.py). A
     # prefork process runs one message at a time, unrelated keys in turn.
-    slots = Slots(settings.concurrency()) if settings.worker_pool == "threads" else None
+    slots = Slots(settings.concurrency() if settings.worker_pool == "threads" else None)
     # Before any fork: a prefork child inherits the provider (its span processor restarts its
     # thread in the child).
     tracing.setup("idem-worker")
@@ -173,8 +172,11 @@ def create_worker_app(settings: Settings) -> Celery:
     )
     def process(task: Any, key: str, correlation_id: str | None = None) -> str:
         """One key's attempt; the task ends in the state that tells its outcome."""
-        with _slots(1):
+        held = slots.take(1)
+        try:
             return report(attempt(task.request.get, task.request.id or "", key, correlation_id))
+        finally:
+            held.give_rest()
 
     @app.task(  # type: ignore[untyped-decorator]
         name=PROCESS_KEYS_TASK, ignore_result=True, bind=True, throws=(DeadLettered,)
@@ -194,8 +196,10 @@ def create_worker_app(settings: Settings) -> Celery:
             )
 
         def chunk(part: list[str]) -> list[Finished]:
-            """Claim `part` together and run its attempts at once, in slots of its own."""
-            with _slots(len(part)):
+            """Claim `part` together and run its attempts at once, a slot each, each slot
+            given back as its attempt ends."""
+            held = slots.take(len(part))
+            try:
                 together = claim_together(runtime.store(), part, holder(), settings.lease_seconds)
 
                 def each(key: str) -> Finished:
@@ -203,17 +207,17 @@ def create_worker_app(settings: Settings) -> Celery:
                         return attempt(headers, message_id, key, correlation_id, together)
                     finally:
                         together.finished(key)
+                        held.give_one()
 
                 return run_each(part, each)
+            finally:
+                held.give_rest()
 
         # A message of more keys than the process has slots runs them that many at a time,
         # claiming each part only when it starts.
-        size = slots.size if slots is not None else len(keys)
+        size = slots.size or len(keys)
         parts = [keys[start : start + size] for start in range(0, len(keys), size)]
         return report_all(run_in_turn(parts, chunk))
-
-    def _slots(count: int) -> AbstractContextManager[None]:
-        return nullcontext() if slots is None else slots.taken(count)
 
     @signals.worker_process_init.connect(weak=False)  # type: ignore[untyped-decorator]
     def _after_fork(**_: Any) -> None:

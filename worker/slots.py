@@ -9,34 +9,60 @@ keys are claimed, and waits, holding nothing and having claimed nothing, while t
 free: no lease runs while it waits. A message never holds some slots while it waits for more,
 so messages cannot block each other for good; one with more keys than the process has slots
 runs them in parts of that many, each part claimed when it starts (`worker.app`).
+
+Each key gives its slot back when its attempt ends, not when its message does: a key that
+hangs until its route's time limit holds one slot, as it did alone, and its message-mates'
+slots are free for other messages meanwhile.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 
 class Slots:
-    """A count of free attempt slots, taken and given back a message at a time."""
+    """A count of free attempt slots (`size` None: no bound, nothing is ever waited for)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int | None) -> None:
         self.size = size
-        self._free = size
+        self._free = size or 0
         self._changed = threading.Condition()
 
-    @contextmanager
-    def taken(self, count: int) -> Iterator[None]:
-        """Hold `count` slots (at most all of them) for the `with` block; wait, holding none,
-        while fewer are free."""
+    def take(self, count: int) -> Taken:
+        """Take `count` slots (at most all of them), waiting, holding none, while fewer are
+        free; the slots are given back through what this returns."""
+        if self.size is None:
+            return Taken(self, 0)
         count = min(count, self.size)
         with self._changed:
             self._changed.wait_for(lambda: self._free >= count)
             self._free -= count
-        try:
-            yield
-        finally:
+        return Taken(self, count)
+
+    def _give(self, count: int) -> None:
+        if count:
             with self._changed:
                 self._free += count
                 self._changed.notify_all()
+
+
+class Taken:
+    """Slots one message holds: each attempt gives one back as it ends, and the message
+    gives back whatever is left when it ends (an attempt that never started)."""
+
+    def __init__(self, slots: Slots, count: int) -> None:
+        self._slots = slots
+        self._left = count
+        self._lock = threading.Lock()
+
+    def give_one(self) -> None:
+        self._give(1)
+
+    def give_rest(self) -> None:
+        self._give(self._left)
+
+    def _give(self, most: int) -> None:
+        with self._lock:
+            count = min(most, self._left)
+            self._left -= count
+        self._slots._give(count)

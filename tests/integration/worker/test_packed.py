@@ -2,7 +2,8 @@
 worker processes, counted at the fake downstream: each key still gets its own attempt, its own
 outcome and one effect, through a flaky downstream (a 503, a lost answer, a refusal) and through
 a worker killed with a packed message in flight; a threads worker's attempts in flight stay
-within its concurrency, and a prefork worker runs a packed message's keys in turn."""
+within its concurrency, a key that hangs holds only its own slot, and a prefork worker runs a
+packed message's keys in turn."""
 
 from __future__ import annotations
 
@@ -169,3 +170,54 @@ def test_a_threads_worker_keeps_its_attempts_in_flight_within_its_concurrency(
 
     assert peak == 4
     assert _messages(private_stack) == [PACK, PACK]
+
+
+def _seed_slow_key(stack: Stack, name: str, seconds: float) -> str:
+    """A pending key of the `slow` route (a python action that works `seconds`), no outbox."""
+    key = f"webform:slow.job:{name}"
+    query(
+        stack.database_url,
+        "INSERT INTO idempotency_keys (idempotency_key, payload_hash, correlation_id, source,"
+        " event_type, route, expires_at)"
+        " VALUES (%s, 'h', %s, 'webform', 'slow.job', 'slow', now() + interval '1 day')",
+        (key, f"corr-{name}"),
+    )
+    query(
+        stack.database_url,
+        "INSERT INTO events (idempotency_key, source, event_type, external_id, payload)"
+        " VALUES (%s, 'webform', 'slow.job', %s, %s)",
+        (key, name, json.dumps({"seconds": seconds})),
+    )
+    return key
+
+
+def test_a_key_that_hangs_holds_only_its_own_slot(
+    private_stack: Stack, downstream: Downstream
+) -> None:
+    """A message of four keys (one works 6 s, three answer at once) on a worker of
+    concurrency 4: the three give their slots back as they end, so a later message of two
+    keys runs while the slow one still works, instead of waiting for its whole message."""
+    stack = private_stack
+    stack.extra_env["RELAY_KEYS_PER_MESSAGE"] = "4"
+    slow = _seed_slow_key(stack, "hangs", 6.0)
+    first = [seed_pending_key(stack.database_url, f"mate-{n}") for n in range(3)]
+    query(
+        stack.database_url,
+        "INSERT INTO outbox (idempotency_key, task_name, correlation_id)"
+        " SELECT idempotency_key, 'idem.process', correlation_id FROM idempotency_keys"
+        " WHERE idempotency_key = ANY(%(keys)s) ORDER BY idempotency_key = %(slow)s DESC",
+        {"keys": [slow, *first], "slow": slow},
+    )
+    stack.start_worker(concurrency=4)
+    stack.start_relay()
+    wait_until(lambda: set(_statuses(stack, first).values()) == {"succeeded"}, timeout=30)
+
+    later = _backlog(stack, 2, "later")
+    wait_until(lambda: set(_statuses(stack, later).values()) == {"succeeded"}, timeout=30)
+
+    assert _statuses(stack, [slow]) == {slow: "processing"}
+    assert sorted(_messages(stack)) == [2, 4]
+    with downstream.lock:
+        assert {key: downstream.effects[key] for key in first + later} == dict.fromkeys(
+            first + later, 1
+        )
