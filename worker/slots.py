@@ -7,8 +7,10 @@ downstream that had been called by at most `WORKER_CONCURRENCY` attempts of a wo
 called by eight times as many after a backlog. So a message takes a slot per key before its
 keys are claimed, and waits, holding nothing and having claimed nothing, while too few are
 free: no lease runs while it waits. A message never holds some slots while it waits for more,
-so messages cannot block each other for good; one with more keys than the process has slots
-runs them in parts of that many, each part claimed when it starts (`worker.app`).
+so messages cannot block each other for good, and messages are served in the order they
+asked: one needing eight slots is not passed for ever by single keys that each find one free.
+A message with more keys than the process has slots runs them in parts of that many, each part
+claimed when it starts (`worker.app`).
 
 Each key gives its slot back when its attempt ends, not when its message does: a key that
 hangs until its route's time limit holds one slot, as it did alone, and its message-mates'
@@ -18,6 +20,7 @@ slots are free for other messages meanwhile.
 from __future__ import annotations
 
 import threading
+from collections import deque
 
 
 class Slots:
@@ -27,6 +30,8 @@ class Slots:
         self.size = size
         self._free = size or 0
         self._changed = threading.Condition()
+        # Messages waiting for slots, first come first served.
+        self._queue: deque[object] = deque()
 
     def take(self, count: int) -> Taken:
         """Take `count` slots (at most all of them), waiting, holding none, while fewer are
@@ -34,9 +39,13 @@ class Slots:
         if self.size is None:
             return Taken(self, 0)
         count = min(count, self.size)
+        turn = object()
         with self._changed:
-            self._changed.wait_for(lambda: self._free >= count)
+            self._queue.append(turn)
+            self._changed.wait_for(lambda: self._queue[0] is turn and self._free >= count)
+            self._queue.popleft()
             self._free -= count
+            self._changed.notify_all()  # the next in line may fit in what is left
         return Taken(self, count)
 
     def _give(self, count: int) -> None:
