@@ -31,6 +31,12 @@ HIDE_PARAMETERS = True
 
 
 def _primary_message_only(context: ExceptionContext) -> None:
+    original = context.original_exception
+    if isinstance(original, psycopg.Error):
+        scrubbed(original, context.sqlalchemy_exception)
+
+
+def scrubbed(original: psycopg.Error, wrapped: BaseException | None) -> None:
     """Drop PostgreSQL's DETAIL and CONTEXT from an error's text, for the reason above.
 
     They quote the data a statement carried: a constraint violation's "Failing row contains
@@ -38,14 +44,10 @@ def _primary_message_only(context: ExceptionContext) -> None:
     message names what failed (the constraint, the type); the SQLSTATE and every diagnostic
     field stay on the driver's error (`orig.diag`, `orig.sqlstate`) for code that asks.
     """
-    original = context.original_exception
-    if not isinstance(original, psycopg.Error):
-        return
     primary = original.diag.message_primary
     if not primary:
         return
     original.args = (primary,)
-    wrapped = context.sqlalchemy_exception
     if wrapped is not None:
         # The wrapper copied the driver's text when it was built: rebuilt in the same form.
         kind = type(original)

@@ -118,6 +118,42 @@ def test_two_relays_publish_each_row_once(
     assert query(db, "SELECT max(publish_attempts), min(publish_attempts) FROM outbox") == [(1, 1)]
 
 
+def test_a_receiver_connection_the_server_ended_is_dropped_from_the_pool(
+    own_database: str, redis_url: str, routes_file: Path, tmp_path: Path
+) -> None:
+    """A pooled connection the server ended under an idle receiver (a restart, an idle cut)
+    costs at most the one request that finds it dead, a 503 that stored nothing. It is
+    dropped from the pool, not handed out again: every request after it is accepted."""
+    stack = Stack(own_database, redis_url, routes_file, tmp_path)
+    stack.start_receiver()
+    accepted = []
+    try:
+        with stack.client() as client:
+            for cut in range(3):
+                assert client.post("/v1/events", json=envelope(f"before-{cut}")).status_code == 202
+                accepted.append(f"before-{cut}")
+                ended = query(
+                    own_database,
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE application_name = 'idem-receiver' AND datname = current_database()",
+                )
+                assert ended[0][0] >= 1
+                first = client.post("/v1/events", json=envelope(f"found-dead-{cut}"))
+                assert first.status_code in (202, 503), first.text
+                if first.status_code == 202:
+                    accepted.append(f"found-dead-{cut}")
+                else:
+                    assert first.json()["error"] == "database_unavailable"
+                for n in range(5):
+                    answer = client.post("/v1/events", json=envelope(f"after-{cut}-{n}"))
+                    assert answer.status_code == 202, answer.text
+                    accepted.append(f"after-{cut}-{n}")
+    finally:
+        stack.stop_all()
+    stored = {r[0] for r in query(own_database, "SELECT external_id FROM events")}
+    assert stored == set(accepted)
+
+
 def test_database_unreachable_gives_503_with_retry_after_then_recovers(
     own_database: str, redis_url: str, routes_file: Path, tmp_path: Path
 ) -> None:
