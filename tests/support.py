@@ -22,7 +22,7 @@ from urllib.parse import unquote
 
 import httpx
 import psycopg
-from sqlalchemy import make_url
+from sqlalchemy import Engine, event, make_url
 
 from outbox.store.embedded import free_port, wait_for_port
 from tests.pooler import pooled_url
@@ -992,3 +992,32 @@ def refuse_shared_successes(database_url: str) -> None:
         "CREATE TRIGGER refuse_shared BEFORE INSERT ON attempts"
         " FOR EACH ROW EXECUTE FUNCTION refuse_shared()",
     )
+
+
+Seen = Callable[[psycopg.Cursor[Any], str, Any], None]
+
+
+@contextlib.contextmanager
+def statements_sent(engine: Engine, seen: Seen) -> Iterator[None]:
+    """Call `seen(cursor, statement, parameters)` before each statement the engine's
+    connections send, however it is sent: through SQLAlchemy's execution or straight on the
+    driver's connection (outbox/store/driven.py), which SQLAlchemy's execution events never
+    see. Connections already pooled are dropped first, so every one made after has the
+    observing cursor. `seen` may run statements of its own on `psycopg.Cursor(cursor.connection)`,
+    which is not observed."""
+
+    class Observed(psycopg.Cursor[Any]):
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            seen(self, str(query), params)
+            return super().execute(query, params, **kwargs)
+
+    def observe(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.cursor_factory = Observed
+
+    engine.dispose()
+    event.listen(engine, "connect", observe)
+    try:
+        yield
+    finally:
+        event.remove(engine, "connect", observe)
+        engine.dispose()

@@ -32,9 +32,9 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-from sqlalchemy import RowMapping
+from typing import Any
 
 from outbox.core.actions import ActionSettings
 from outbox.core.logs import get_logger
@@ -279,7 +279,7 @@ class RouteGuard:
         failure: Failure | None,
         reason: str,
         closing: bool,
-    ) -> RowMapping | None:
+    ) -> Mapping[str, Any] | None:
         retry_after = None if failure is None else failure.retry_after
         return self.store.one(
             q.ROUTE_CALLS,

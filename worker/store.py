@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, RowMapping, TextClause
+from sqlalchemy import Engine, TextClause
 from sqlalchemy.exc import DataError
 
 from outbox.core.logs import get_logger
@@ -28,7 +29,7 @@ from outbox.core.redaction import redact
 from outbox.core.wire import PROCESS_TASK
 from outbox.store import attempts, lifecycle
 from outbox.store import routes as route_queries
-from outbox.store.engines import rows_once_more
+from outbox.store.driven import rows_once_more
 from worker.results import storable_ref, storable_result, storable_text
 
 # Error details are for people reading a dead letter, not a place to keep response bodies.
@@ -116,15 +117,15 @@ class KeyStore:
         # `begin()` adds no round trip. On any other engine each step is its own transaction.
         self.engine = engine
 
-    def one(self, statement: TextClause, params: dict[str, Any]) -> RowMapping | None:
+    def one(self, statement: TextClause, params: dict[str, Any]) -> Mapping[str, Any] | None:
         """Run one statement; its first row, or None when it matched nothing."""
         rows = self.all(statement, params)
         return rows[0] if rows else None
 
-    def all(self, statement: TextClause, params: dict[str, Any]) -> list[RowMapping]:
+    def all(self, statement: TextClause, params: dict[str, Any]) -> list[dict[str, Any]]:
         """Run one statement; its rows. Sent once more on a fresh connection when the server
         had dropped this one (see the module's docstring)."""
-        return [row._mapping for row in rows_once_more(self.engine, statement, params)]
+        return rows_once_more(self.engine, statement, params)
 
     def claim(self, key: str, owner: str, lease_seconds: float) -> Claim | Blocked:
         """Take the key with a fresh lease, fence and token, or say why not (counted).
@@ -331,7 +332,7 @@ def attempt_params(
     }
 
 
-def claim_of(row: RowMapping, token: str, owner: str, sent: float) -> Claim:
+def claim_of(row: Mapping[str, Any], token: str, owner: str, sent: float) -> Claim:
     """The claim a row of `CLAIM_KEY` or `siblings.CLAIM_KEYS` describes."""
     return Claim(
         key=row["idempotency_key"],

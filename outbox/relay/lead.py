@@ -29,7 +29,7 @@ from sqlalchemy import Engine
 
 from outbox.core.logs import get_logger
 from outbox.store import relay as sql
-from outbox.store.engines import rows_once_more
+from outbox.store.driven import rows_once_more
 
 log = get_logger(__name__)
 

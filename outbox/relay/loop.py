@@ -45,7 +45,8 @@ from outbox.core.settings import Settings
 from outbox.relay.lead import Lead
 from outbox.relay.publisher import OutboxMessage, publish
 from outbox.store import relay as sql
-from outbox.store.engines import RELAY, rows_once_more
+from outbox.store.driven import rows_once_more
+from outbox.store.engines import RELAY
 
 log = get_logger(__name__)
 
@@ -93,15 +94,20 @@ def publish_due_batch(
     if not rows:
         return NOTHING
     # The statement's RETURNING has no order; publish oldest first, as selected.
-    rows = sorted(rows, key=lambda r: (r.available_at, r.id))
+    rows = sorted(rows, key=lambda r: (r["available_at"], r["id"]))
     messages = [
         OutboxMessage(
-            r.id, r.idempotency_key, r.task_name, r.correlation_id, r.trace_context, r.event_key
+            r["id"],
+            r["idempotency_key"],
+            r["task_name"],
+            r["correlation_id"],
+            r["trace_context"],
+            r["event_key"],
         )
         for r in rows
     ]
     sent: list[int] = []
-    marked: list[Any] = []
+    marked: list[dict[str, Any]] = []
     try:
         send(app, messages, sent)
     finally:
@@ -111,18 +117,18 @@ def publish_due_batch(
             marked = rows_once_more(engine, sql.MARK_PUBLISHED, {"ids": sent})
         if unsent:
             rows_once_more(engine, sql.RELEASE_OUTBOX_CLAIM, {"ids": unsent})
-    waited = max(float(r.waited_seconds) for r in rows)
+    waited = max(float(r["waited_seconds"]) for r in rows)
     if not marked or unsent:
         # Rows given back are due again: the marking statement could not count them.
         return Batch(len(rows), len(sent), waited)
-    (next_due,) = marked[0]
+    next_due = marked[0]["seconds"]
     due = None if next_due is None else float(next_due)
     return Batch(len(rows), len(sent), waited, due, knows_next_due=True)
 
 
 def seconds_until_next_due(engine: Engine) -> float | None:
     """Seconds until the earliest row nobody holds is due (negative: overdue); None if none."""
-    (value,) = rows_once_more(engine, sql.SECONDS_UNTIL_NEXT_DUE, {})[0]
+    value = rows_once_more(engine, sql.SECONDS_UNTIL_NEXT_DUE, {})[0]["seconds"]
     return None if value is None else float(value)
 
 

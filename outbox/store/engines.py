@@ -6,9 +6,8 @@ import math
 from typing import Any
 
 import psycopg
-from sqlalchemy import Engine, Row, create_engine, event
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import ExceptionContext
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from outbox.core.logs import get_logger
@@ -213,20 +212,3 @@ def create_relay_engine(settings: Settings) -> Engine:
         autocommit=True,
         application_name=RELAY,
     )
-
-
-def rows_once_more(engine: Engine, statement: Any, params: dict[str, Any]) -> list[Row[Any]]:
-    """Run one statement on an autocommit engine; its rows. A statement that met a connection
-    the server had dropped (PostgreSQL restarted, an idle connection cut) is sent once more on
-    a fresh one, instead of pinging before every statement: one round trip per step, not two.
-    Only for steps that are safe to repeat (each caller's docstring says why)."""
-    for attempt in (1, 2):
-        try:
-            with engine.begin() as conn:
-                result = conn.execute(statement, params)
-                return list(result) if result.returns_rows else []
-        except DBAPIError as error:
-            if attempt == 2 or not error.connection_invalidated:
-                raise
-            log.warning("store.reconnect", error=type(error.orig).__name__)
-    raise AssertionError("unreachable")

@@ -51,7 +51,7 @@ CLAIM_DUE_OUTBOX: TextClause = text(
 
 # How long until the earliest row nobody holds falls due (negative: overdue; NULL: none).
 _NEXT_DUE = """
-    SELECT EXTRACT(EPOCH FROM min(available_at) - now())
+    SELECT EXTRACT(EPOCH FROM min(available_at) - now()) AS seconds
       FROM outbox
      WHERE published_at IS NULL AND (claimed_until IS NULL OR claimed_until < now())
 """

@@ -12,8 +12,9 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine
 
 from outbox.core.routes import Destination, Route, RouteTable, load_routes
 from outbox.core.settings import Settings
@@ -25,8 +26,9 @@ from outbox.operate.deadletters import DeadLetterFilter, list_dead_letters
 from outbox.operate.replay import ReplayRequest, plan
 from outbox.relay import loop as relay
 from outbox.store import relay as queries
-from outbox.store.engines import create_sync_engine, rows_once_more
-from tests.support import libpq
+from outbox.store.driven import rows_once_more
+from outbox.store.engines import create_sync_engine
+from tests.support import libpq, statements_sent
 
 SIZES = [
     pytest.param(300_000, id="300k"),
@@ -142,13 +144,14 @@ def explained(big: str) -> Iterator[tuple[Engine, list[tuple[str, Any]]]]:
     engine = create_sync_engine(Settings(database_url=big, redis_url="redis://unused"))
     plans: list[tuple[str, Any]] = []
 
-    def explain(_: Any, cursor: Any, statement: str, parameters: Any, *__: Any) -> None:
+    def explain(cursor: psycopg.Cursor[Any], statement: str, parameters: Any) -> None:
         if statement.lstrip().upper().startswith(("SELECT", "WITH", "UPDATE", "DELETE", "--")):
-            cursor.execute("EXPLAIN (FORMAT JSON) " + statement, parameters)
-            plans.append((statement, cursor.fetchone()[0]))
+            with psycopg.Cursor(cursor.connection) as plain:
+                plain.execute("EXPLAIN (FORMAT JSON) " + statement, parameters)
+                plans.append((statement, plain.fetchone()[0]))
 
-    event.listen(engine, "before_cursor_execute", explain)
-    yield engine, plans
+    with statements_sent(engine, explain):
+        yield engine, plans
     engine.dispose()
 
 

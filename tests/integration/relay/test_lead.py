@@ -14,14 +14,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine
 
 from outbox.core.settings import Settings
 from outbox.relay.lead import Lead
 from outbox.relay.loop import run_relay
 from outbox.relay.publisher import create_publisher
 from outbox.store.engines import create_relay_engine
-from tests.support import libpq, query, seed_due_outbox, wait_until
+from tests.support import libpq, query, seed_due_outbox, statements_sent, wait_until
 
 
 class Clock:
@@ -44,12 +44,11 @@ def statements(engine: Engine) -> Iterator[list[str]]:
     """Every statement the engine sends, in order."""
     sent: list[str] = []
 
-    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+    def count(_cursor: Any, statement: str, _params: Any) -> None:
         sent.append(statement)
 
-    event.listen(engine, "before_cursor_execute", count)
-    yield sent
-    event.remove(engine, "before_cursor_execute", count)
+    with statements_sent(engine, count):
+        yield sent
 
 
 def _holder(db: str) -> str | None:

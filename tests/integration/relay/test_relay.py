@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis as redis_client
 from celery import Celery
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine
 
 from outbox.core.keys import delivery_key
 from outbox.core.settings import Settings
@@ -21,7 +21,13 @@ from outbox.relay.loop import IDLE_FLOOR_SECONDS, publish_due_batch, run_relay
 from outbox.relay.publisher import OutboxMessage, create_publisher, publish
 from outbox.store import relay as queries
 from outbox.store.engines import create_relay_engine
-from tests.support import query, queued_tasks, seed_due_outbox, seed_fan_out_event
+from tests.support import (
+    query,
+    queued_tasks,
+    seed_due_outbox,
+    seed_fan_out_event,
+    statements_sent,
+)
 
 CLAIM_SECONDS = 30.0
 
@@ -281,7 +287,7 @@ def test_a_relay_waits_while_another_holds_the_due_rows(
 
     lead_checks = 0
 
-    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+    def count(_cursor: Any, statement: str, _params: Any) -> None:
         nonlocal lead_checks
         if "relay_lead" in statement:
             lead_checks += 1  # the relays' lead (tests/integration/relay/test_lead.py)
@@ -290,11 +296,10 @@ def test_a_relay_waits_while_another_holds_the_due_rows(
         if waiter.statements > 100:
             stop.set()  # a spin: end the loop so the assertions below say so
 
-    event.listen(engine, "before_cursor_execute", count)
     try:
-        run_relay(settings, engine, app, stop, listener=waiter)
+        with statements_sent(engine, count):
+            run_relay(settings, engine, app, stop, listener=waiter)
     finally:
-        event.remove(engine, "before_cursor_execute", count)
         if blocker is not None:
             blocker.close()
 

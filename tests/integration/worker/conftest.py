@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine
 
 from outbox.core.settings import Settings
 from outbox.store import embedded
 from outbox.store.engines import create_sync_engine
-from tests.support import Downstream, Stack
+from tests.support import Downstream, Stack, statements_sent
 
 
 @pytest.fixture
@@ -43,14 +43,14 @@ def worker_engine(own_database: str) -> Iterator[Engine]:
 
 
 @pytest.fixture
-def statements(worker_engine: Engine) -> Counter[str]:
+def statements(worker_engine: Engine) -> Iterator[Counter[str]]:
     """How many times each statement ran on the worker's engine, by its first comment line (as
     sent: a parameter named in it reads `%(name)s`)."""
     seen: Counter[str] = Counter()
 
-    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+    def count(_cursor: Any, statement: str, _params: Any) -> None:
         comment = next((s for s in statement.splitlines() if s.strip().startswith("--")), "")
         seen[comment.strip()] += 1
 
-    event.listen(worker_engine, "before_cursor_execute", count)
-    return seen
+    with statements_sent(worker_engine, count):
+        yield seen
