@@ -189,10 +189,20 @@ def _empty_tables(database_url: str) -> None:
     with psycopg.connect(libpq(database_url), autocommit=True) as conn:
         routes = conn.execute("SELECT route FROM route_state").fetchall()
         slots = conn.execute("SELECT route, slot FROM route_permits").fetchall()
-        conn.execute(
-            "TRUNCATE idempotency_keys, events, outbox, dead_letters, replays, "
-            "route_state, route_permits, route_changes, lanes, attempts, notices, notify_cursors"
-        )
+        # The shared stack's processes may be running a statement over several of these
+        # tables, whose locks it takes in another order than TRUNCATE's: the server may end
+        # the TRUNCATE as a deadlock's victim (it changed nothing then), and it is run again.
+        for attempt in range(1, 6):
+            try:
+                conn.execute(
+                    "TRUNCATE idempotency_keys, events, outbox, dead_letters, replays, "
+                    "route_state, route_permits, route_changes, lanes, attempts, notices, "
+                    "notify_cursors"
+                )
+                break
+            except psycopg.errors.DeadlockDetected:
+                if attempt == 5:
+                    raise
         with conn.cursor() as cursor:
             cursor.executemany("INSERT INTO route_state (route) VALUES (%s)", routes)
             cursor.executemany("INSERT INTO route_permits (route, slot) VALUES (%s, %s)", slots)
