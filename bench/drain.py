@@ -1,8 +1,10 @@
 """4. Relay: one relay process draining a pre-filled outbox into Redis (no worker), and the
 receiver's ingest rate while a relay drains beside it, against its rate with no relay running.
 
-The drain rate counts from the first message in the queue to the last (LLEN polled every
-20 ms), so process start-up is left out; every row must arrive (LLEN = rows, none unpublished).
+The drain rate counts from the first key in the queue to the last (the queue polled every
+20 ms, its new messages' keys counted: a message carries up to RELAY_KEYS_PER_MESSAGE), so
+process start-up is left out; every row must arrive (each row's key exactly once, none
+unpublished).
 It is what the relay can do: measured with pacing off (RELAY_BACKLOG_RATE=0).
 
 The backlog beside ingest is an outage's (rows due for ten minutes), drained by a relay with
@@ -14,7 +16,9 @@ relay published during the timed run say what the receivers' share cost the drai
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import time
 from typing import Any
 
@@ -23,7 +27,7 @@ from bench.infra import Processes, scalar, sql, wait_until
 from bench.load import generate
 from bench.procfs import cpu_seconds
 from bench.report import Check, median
-from outbox.core.wire import TASK_QUEUE
+from outbox.core.wire import PROCESS_KEYS_TASK, TASK_QUEUE
 
 DRAIN_TARGET = 5_000.0
 INGEST_DROP_LIMIT = 0.20
@@ -181,14 +185,14 @@ def _drain(procs: Processes, broker: Any, url: str, rows: int) -> dict[str, Any]
     pid = procs.pid("relay")
     first: tuple[float, int] | None = None
     deadline = time.monotonic() + max(120.0, rows / 500)
-    length = 0
+    arrived = Arrivals(broker)
     while time.monotonic() < deadline:
-        length = int(broker.llen(TASK_QUEUE))
+        keys = arrived.count()
         now = time.monotonic()
-        if first is None and length > 0:
-            first = (now, length)
+        if first is None and keys > 0:
+            first = (now, keys)
             cpu_at_first = cpu_seconds(pid)
-        if length >= rows:
+        if keys >= rows:
             break
         time.sleep(0.02)
     done = time.monotonic()
@@ -197,18 +201,51 @@ def _drain(procs: Processes, broker: Any, url: str, rows: int) -> dict[str, Any]
     with contextlib.suppress(TimeoutError):
         wait_until(lambda: scalar(url, UNPUBLISHED) == 0, 10, interval=0.05)
     unpublished = int(scalar(url, UNPUBLISHED))
-    # Exactly `rows` messages: none lost, none published twice.
-    length = int(broker.llen(TASK_QUEUE))
+    # Exactly `rows` keys: none lost, none published twice.
+    keys = arrived.count()
     procs.stop("relay")
     if first is None:
         raise RuntimeError("relay: nothing arrived in the queue")
     seconds = done - first[0]
     return {
         "rows": rows,
-        "arrived": length,
+        "arrived": keys,
+        "messages": arrived.messages,
         "unpublished_left": unpublished,
-        "all_arrived": length == rows and unpublished == 0,
+        "all_arrived": keys == rows and len(arrived.keys) == rows and unpublished == 0,
         "seconds": seconds,
         "rows_per_s": (rows - first[1]) / seconds if seconds > 0 else 0.0,
         "relay_cores": cpu / seconds if seconds > 0 else 0.0,
     }
+
+
+class Arrivals:
+    """The keys in the task queue, counted as messages arrive (a message may carry several,
+    RELAY_KEYS_PER_MESSAGE). The relay pushes at the list's head, and nothing takes from it
+    here, so the messages already counted keep their places counted from the tail: each poll
+    reads only the ones pushed since."""
+
+    def __init__(self, broker: Any) -> None:
+        self._broker = broker
+        self.messages = 0
+        self.total = 0
+        self.keys: set[str] = set()
+
+    def count(self) -> int:
+        length = int(self._broker.llen(TASK_QUEUE))
+        if length > self.messages:
+            fresh = self._broker.lrange(TASK_QUEUE, -length, -(self.messages + 1))
+            for message in fresh:
+                carried = _keys(message)
+                self.total += len(carried)
+                self.keys.update(carried)
+            self.messages = length
+        return self.total
+
+
+def _keys(message: bytes) -> list[str]:
+    frame = json.loads(message)
+    args = json.loads(base64.b64decode(frame["body"]))[0]
+    if frame["headers"]["task"] == PROCESS_KEYS_TASK:
+        return list(args[0])
+    return [args[0]]
