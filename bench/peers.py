@@ -99,7 +99,7 @@ class Design:
         return latencies_ms(self.times(spec, load.ok, timeout))
 
     def post(self, key: str) -> int:
-        body = EVENT.format(source="peers-repeat", external_id=key)
+        body = EVENT.format(source="peers-repeat", event_type="bench.noop", external_id=key)
         return httpx.post(self.url + self.path, content=body, timeout=30).status_code
 
 
