@@ -80,6 +80,8 @@ def _pooled(engine: Engine, statement: str) -> Iterator[psycopg.Connection[Any]]
         dead = _dead(connection)
         if dead:
             pooled.invalidate(error)
+        else:
+            pooled.close()  # a refused statement (bad input): the connection is fine
         raise _as_sqlalchemy(engine.dialect, error, statement, dead) from error
     except BaseException:
         pooled.invalidate()
@@ -126,6 +128,8 @@ async def driven(engine: AsyncEngine) -> AsyncIterator[Driven]:
         dead = _dead(connection)
         if dead:
             await greenlet_spawn(pooled.invalidate, error)
+        else:
+            await greenlet_spawn(pooled.close)  # a refused statement: the connection is fine
         raise _as_sqlalchemy(dialect, error, step.statement, dead) from error
     except BaseException:
         # Cancelled mid-statement (the step's bound ran out): the connection's state is unknown.
