@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 import redis
 
+from bench.autovacuum import StandIn, server_autovacuum
 from bench.procfs import children
 from outbox.store.embedded import free_port, start_redis, wait_for_port
 from outbox.store.migrate import upgrade
@@ -101,6 +102,13 @@ class Databases:
         self._admin(f'CREATE DATABASE "{self.template}"')
         self.names.append(self.template)
         upgrade(database_url(admin_url, self.template))
+        # A server without autovacuum would measure stale plans and dead rows, not the gateway.
+        thresholds = server_autovacuum(libpq(admin_url))
+        self.autovacuum = StandIn(thresholds, self._copies) if thresholds else None
+
+    def _copies(self) -> list[str]:
+        """The run's databases autovacuum would visit (the template is never written)."""
+        return [libpq(database_url(self.admin_url, n)) for n in self.names[1:]]
 
     def _admin(self, statement: str) -> None:
         with psycopg.connect(libpq(self.admin_url), autocommit=True) as conn:
@@ -127,6 +135,8 @@ class Databases:
             self.names.remove(name)
 
     def drop_all(self) -> None:
+        if self.autovacuum:
+            self.autovacuum.stop()
         for name in reversed(self.names):
             with contextlib.suppress(psycopg.Error):
                 self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -57,6 +57,8 @@ def facts(database_url: str, redis_url: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "postgresql": str(scalar(database_url, "SHOW server_version")),
         "postgresql_synchronous_commit": str(scalar(database_url, "SHOW synchronous_commit")),
+        # Off: the bench does autovacuum's work on its own databases (bench.autovacuum).
+        "postgresql_autovacuum": str(scalar(database_url, "SHOW autovacuum")),
         "redis": redis_version,
         "uvicorn": _version("uvicorn"),
         # uvicorn picks these up when installed; without them it runs h11 on asyncio's loop.

@@ -1,0 +1,116 @@
+"""Why the server must analyse the gateway's tables, and what the bench does when it won't.
+
+psycopg prepares a statement on its fifth run; PostgreSQL then plans it for any parameters
+(a generic plan) after five more, costed on the tables' size at that moment, and keeps that
+plan until the tables' statistics change. A worker that starts on a fresh database made that
+plan on nearly empty tables: it reads the whole keys table for every claim until something
+analyses the tables (autovacuum, within a minute; never, on a server with autovacuum off,
+about which the sweeper warns). The bench does autovacuum's work on such a server
+(`bench.autovacuum`). Counted with PostgreSQL's own scan counters, never with timings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import psycopg
+from sqlalchemy import Engine, text
+
+from bench.autovacuum import POSTGRESQL_DEFAULTS, StandIn
+from tests.support import libpq, query, seed_pending_key
+from worker.siblings import claim_together
+from worker.store import Claim, KeyStore
+
+# Past psycopg's prepare threshold (5) and PostgreSQL's custom plans before a generic (5).
+WARM_RUNS = 12
+GROWN_TO = 20_000
+# PostgreSQL's defaults, but for the nap: the test runs its pass itself.
+DEFAULTS = replace(POSTGRESQL_DEFAULTS, naptime_seconds=3600)
+TABLES = ("idempotency_keys", "events", "outbox", "attempts")
+
+
+def _full_reads(database_url: str) -> dict[str, int]:
+    with psycopg.connect(libpq(database_url), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT relname, seq_scan FROM pg_stat_user_tables"
+            " WHERE relname IN ('idempotency_keys', 'events')"
+        ).fetchall()
+    return {name: count for name, count in rows}
+
+
+def _grow(database_url: str, rows: int) -> list[str]:
+    """`rows` pending keys with their events, written in one statement each."""
+    query(
+        database_url,
+        "INSERT INTO idempotency_keys (idempotency_key, payload_hash, correlation_id, source,"
+        " event_type, route, expires_at)"
+        " SELECT 'grown-' || n, 'h', 'c-' || n, 'webform', 'crm.lead.created', 'crm',"
+        "        now() + interval '1 day' FROM generate_series(1, %s) AS n",
+        (rows,),
+    )
+    query(
+        database_url,
+        "INSERT INTO events (idempotency_key, source, event_type, external_id, payload)"
+        " SELECT 'grown-' || n, 'webform', 'crm.lead.created', 'grown-' || n, '{}'"
+        "   FROM generate_series(1, %s) AS n",
+        (rows,),
+    )
+    return [f"grown-{n}" for n in range(1, rows + 1)]
+
+
+def _flush_counters(engine: Engine) -> None:
+    """The worker's connection reports its scans when it next goes idle: now."""
+    KeyStore(engine).all(text("SELECT pg_stat_force_next_flush()"), {})
+
+
+def _claims(store: KeyStore, keys: list[str], runs: int) -> None:
+    """`runs` claims of two keys in one statement and `runs` of one key alone."""
+    for run in range(runs):
+        pair = keys[3 * run : 3 * run + 2]
+        together = claim_together(store, pair, "w", 30)
+        assert all(isinstance(together.claim(key, "w", 30), Claim) for key in pair)
+        assert isinstance(store.claim(keys[3 * run + 2], "w", 30), Claim)
+
+
+def _full_reads_during(database_url: str, engine: Engine, step: Callable[[], None]) -> int:
+    """How many times `step`, on the worker's connection, read the keys table from end to
+    end; a read of every event is added on the same connection and must be counted, so the
+    counters are known to be live."""
+    _flush_counters(engine)
+    before = _full_reads(database_url)
+    step()
+    KeyStore(engine).all(text("SELECT count(*) FROM events WHERE payload::text = '{}'"), {})
+    _flush_counters(engine)
+    after = _full_reads(database_url)
+    assert after["events"] - before["events"] == 1
+    return after["idempotency_keys"] - before["idempotency_keys"]
+
+
+def test_claims_planned_on_small_tables_read_by_key_once_the_tables_are_analysed(
+    own_database: str, worker_engine: Engine
+) -> None:
+    """The worker's one connection claims keys while the tables hold a few dozen rows, until
+    each claim statement has been planned for reuse; then they grow to 20 000 keys. Its claims
+    read the whole keys table each time, until one pass of the bench's stand-in for
+    autovacuum analyses it: from then on, by key."""
+    db = own_database
+    for table in TABLES:  # this database's own: the server's autovacuum must not step in
+        query(db, f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+    store = KeyStore(worker_engine)
+    _claims(store, [seed_pending_key(db, f"few-{n}") for n in range(3 * WARM_RUNS)], WARM_RUNS)
+    grown = _grow(db, GROWN_TO)
+
+    stale = _full_reads_during(db, worker_engine, lambda: _claims(store, grown[:15], 5))
+    assert stale >= 5, "the plans made on small tables no longer read them whole"
+
+    stand_in = StandIn(DEFAULTS, lambda: [])
+    try:
+        stand_in.pass_over(libpq(db))
+    finally:
+        stand_in.stop()
+    assert (db.rsplit("/", 1)[-1], "idempotency_keys", "ANALYZE") in stand_in.done
+
+    assert _full_reads_during(db, worker_engine, lambda: _claims(store, grown[15:30], 5)) == 0
+    assert query(db, "SELECT count(*) FROM idempotency_keys WHERE status = 'processing'") == [
+        (3 * WARM_RUNS + 30,)
+    ]
