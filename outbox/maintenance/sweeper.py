@@ -20,7 +20,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
 
 from outbox.core.heartbeat import Heartbeat
 from outbox.core.logs import get_logger
@@ -95,6 +96,31 @@ def _notify(engine: Engine, targets: list[NotifyTarget]) -> NotifyReport | None:
     return report
 
 
+AUTOVACUUM_OFF_HINT = (
+    "every event updates the keys and outbox tables; without autovacuum their dead rows pile "
+    "up and nothing analyses them, so a statement the gateway prepared while they were small "
+    "keeps reading them whole: turn autovacuum on (PostgreSQL's default), or VACUUM ANALYZE "
+    "idempotency_keys, events, outbox and attempts on a schedule"
+)
+
+
+def _warn_without_autovacuum(engine: Engine) -> bool:
+    """Say so, once at start, when the server runs no autovacuum: the gateway's statements
+    stay fast only while something keeps the tables' statistics current (a claim planned on a
+    nearly empty table read the whole table for every key once it had 20 000:
+    docs/architecture.md). True when it warned; a server it cannot ask is the sweep's
+    business, not this check's."""
+    try:
+        with engine.connect() as conn:
+            setting = conn.execute(text("SHOW autovacuum")).scalar()
+    except DBAPIError:
+        return False
+    if setting != "off":
+        return False
+    log.warning("sweeper.autovacuum_off", hint=AUTOVACUUM_OFF_HINT)
+    return True
+
+
 def run_sweeper(
     settings: Settings,
     engine: Engine,
@@ -107,6 +133,7 @@ def run_sweeper(
         interval_seconds=settings.sweep_interval_seconds,
         grace_seconds=settings.sweep_grace_seconds,
     )
+    _warn_without_autovacuum(engine)
     heartbeat = Heartbeat(settings.heartbeat_file)
     while not stop.is_set():
         heartbeat.beat()
