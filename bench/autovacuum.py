@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -110,7 +111,9 @@ class StandIn:
         self.thresholds = thresholds
         self._databases = databases
         self._stop = threading.Event()
-        self.done: list[tuple[str, str, str]] = []
+        self._began = time.monotonic()
+        # (database, table, VACUUM or ANALYZE, seconds since the stand-in started)
+        self.done: list[tuple[str, str, str, float]] = []
         self._thread = threading.Thread(target=self._run, name="autovacuum", daemon=True)
         self._thread.start()
 
@@ -129,7 +132,8 @@ class StandIn:
             for table, dead, changed, rows in conn.execute(DUE).fetchall():
                 for work in self.thresholds.work(dead, changed, rows):
                     conn.execute(sql.SQL("{} {}").format(sql.SQL(work), sql.Identifier(table)))
-                    self.done.append((libpq_url.rsplit("/", 1)[-1], table, work))
+                    database = libpq_url.rsplit("/", 1)[-1]
+                    self.done.append((database, table, work, time.monotonic() - self._began))
 
     def stop(self) -> None:
         self._stop.set()

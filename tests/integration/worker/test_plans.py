@@ -108,7 +108,9 @@ def test_claims_planned_on_small_tables_read_by_key_once_the_tables_are_analysed
         stand_in.pass_over(libpq(db))
     finally:
         stand_in.stop()
-    assert (db.rsplit("/", 1)[-1], "idempotency_keys", "ANALYZE") in stand_in.done
+    assert (db.rsplit("/", 1)[-1], "idempotency_keys", "ANALYZE") in {
+        done[:3] for done in stand_in.done
+    }
 
     assert _full_reads_during(db, worker_engine, lambda: _claims(store, grown[15:30], 5)) == 0
     assert query(db, "SELECT count(*) FROM idempotency_keys WHERE status = 'processing'") == [
