@@ -32,7 +32,8 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import assert_never
 
 import structlog
@@ -40,6 +41,7 @@ import structlog
 from outbox.core import contract, keys, tracing
 from outbox.core.logs import get_logger
 from outbox.core.routes import ActionSettings, RouteTable
+from worker import spare
 from worker.actions import ActionContext, ActionResult, get_action, get_reconciler
 from worker.errors import Failure, TransientError, classify
 from worker.guard import Admitted, Held, RouteGuard
@@ -262,7 +264,6 @@ class _Run:
     reconciled_absent: bool = False
     # This attempt reconciled: found the effect (True) or none (False); None: it did not.
     reconciled: bool | None = None
-    thread: threading.Thread | None = field(default=None, repr=False)
 
 
 def _act(
@@ -329,7 +330,8 @@ def _act(
 
 
 def _start(run: _Run, route: ActionSettings, ctx: ActionContext, claim: Claim) -> None:
-    """Reconcile (when uncertain) then act, in a thread of its own with the task's context."""
+    """Reconcile (when uncertain) then act, in a thread of its own (a spare one,
+    `worker.spare`) with the task's context."""
     reconciler = get_reconciler(route) if ctx.uncertain else None
 
     def work() -> None:
@@ -355,8 +357,7 @@ def _start(run: _Run, route: ActionSettings, ctx: ActionContext, claim: Claim) -
             run.wake.set()
 
     context = contextvars.copy_context()
-    run.thread = threading.Thread(target=context.run, args=(work,), name="action", daemon=True)
-    run.thread.start()
+    spare.run(partial(context.run, work), "action")
 
 
 def _still_held(ctx: ActionContext) -> None:

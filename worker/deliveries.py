@@ -4,9 +4,9 @@ The relay sends an event's deliveries taken in one batch as one message, and pac
 that fell due together up to RELAY_KEYS_PER_MESSAGE, so they share what each message costs the
 worker (its fetch from the broker, its ack, one claim statement). Nothing else is shared: each
 key runs its own attempt, exactly as a `PROCESS_TASK` message of that key would (its claim,
-fence, lease, outcome and span), each in a thread of its own, so a slow or hanging destination
-never holds its siblings back. The task ends when every attempt has ended, and reports the
-outcome that most needs an operator's eye (`report_all`).
+fence, lease, outcome and span), each in a thread of its own (`worker.spare`), so a slow or
+hanging destination never holds its siblings back. The task ends when every attempt has ended,
+and reports the outcome that most needs an operator's eye (`report_all`).
 
 A redelivered copy of such a message is as harmless as a single one: each key's claim refuses a
 finished or held key.
@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TypeVar
 
+from worker import spare
 from worker.task_state import DeadLettered, Finished, RetryScheduled
 
 T = TypeVar("T")
@@ -29,6 +31,7 @@ def run_each(keys: Sequence[str], attempt: Callable[[str], Finished]) -> list[Fi
     attempt has ended."""
     outcomes: list[Finished | None] = [None] * len(keys)
     errors: list[BaseException] = []
+    ended = threading.Semaphore(0)
 
     def one(index: int) -> None:
         try:
@@ -36,16 +39,18 @@ def run_each(keys: Sequence[str], attempt: Callable[[str], Finished]) -> list[Fi
         except BaseException as error:  # raised in the task's thread, after the others
             errors.append(error)
 
-    threads = [
-        threading.Thread(target=one, args=(index,), name=f"delivery-{index}", daemon=True)
-        for index in range(1, len(keys))
-    ]
-    for thread in threads:
-        thread.start()
+    def elsewhere(index: int) -> None:
+        try:
+            one(index)
+        finally:
+            ended.release()
+
+    for index in range(1, len(keys)):
+        spare.run(partial(elsewhere, index), f"delivery-{index}")
     if keys:
         one(0)
-    for thread in threads:
-        thread.join()
+    for _ in range(1, len(keys)):
+        ended.acquire()
     if errors:
         raise errors[0]
     return [outcome for outcome in outcomes if outcome is not None]
