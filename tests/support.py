@@ -315,6 +315,14 @@ class Reply:
     hold: threading.Event | None = None
 
 
+class _Listening(ThreadingHTTPServer):
+    """A real server's accept queue: Python's default of 5 lost a burst's connections (a packed
+    message's eight attempts connecting at once), and an attempt then waited out its connect
+    timeout, an error the downstream under test never answered."""
+
+    request_queue_size = 128
+
+
 @dataclass
 class Downstream:
     """A fake CRM: counts side effects per Idempotency-Key and misbehaves on demand.
@@ -464,7 +472,7 @@ class Downstream:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        server = _Listening(("127.0.0.1", self.port), Handler)
         server.daemon_threads = True
         self.port = server.server_address[1]
         threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -64,8 +64,10 @@ def test_a_thread_whose_work_raised_is_never_offered_again() -> None:
         failed.set()
         raise RuntimeError("the work's own error")
 
-    spare.run(raises, "action")
+    spare.run(raises, "raises")
     assert failed.wait(10)
+    # Python reports the error before the thread ends: wait for the end, inside this test.
+    wait_until(lambda: all(t.name != "raises" for t in threading.enumerate()), timeout=10)
     for _ in range(3):
         _run_and_wait(spare)
     assert spare.started == 2
