@@ -21,7 +21,6 @@ import threading
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, text
-from sqlalchemy.exc import DBAPIError
 
 from outbox.core.heartbeat import Heartbeat
 from outbox.core.logs import get_logger
@@ -108,12 +107,13 @@ def _warn_without_autovacuum(engine: Engine) -> bool:
     """Say so, once at start, when the server runs no autovacuum: the gateway's statements
     stay fast only while something keeps the tables' statistics current (a claim planned on a
     nearly empty table read the whole table for every key once it had 20 000:
-    docs/architecture.md). True when it warned; a server it cannot ask is the sweep's
-    business, not this check's."""
+    docs/architecture.md). True when it warned. A server it cannot ask (down, or refused by
+    a connect-time check) is the sweep's business, logged by each pass: this check never
+    stops the sweeper from starting."""
     try:
         with engine.connect() as conn:
             setting = conn.execute(text("SHOW autovacuum")).scalar()
-    except DBAPIError:
+    except Exception:
         return False
     if setting != "off":
         return False

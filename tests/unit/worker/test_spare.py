@@ -37,7 +37,8 @@ def test_work_that_finds_no_idle_thread_starts_one_at_once() -> None:
     """A piece of work that hangs keeps its thread; the next runs beside it, not after it."""
     spare = Spare()
     hanging = threading.Event()
-    spare.run(lambda: (hanging.wait(10), None)[1], "action")
+    # Longer than the wait below: queued behind it, the next work would not run in time.
+    spare.run(lambda: (hanging.wait(60), None)[1], "action")
     assert _run_and_wait(spare) == "action"
     assert spare.started == 2
     hanging.set()
