@@ -23,6 +23,7 @@ fell due together), each run as `idem.process` would run it, at once (`worker.de
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,12 +41,12 @@ from outbox.core.wire import PROCESS_KEYS_TASK, PROCESS_TASK, TASK_QUEUE
 from outbox.store.engines import create_sync_engine
 from worker import broker, metrics
 from worker.attempt import run_attempt
-from worker.deliveries import report_all, run_each, run_in_turn
+from worker.deliveries import report_all, run_each, run_in_parts, run_in_turn
 from worker.grouped import GroupedStore
 from worker.guard import RouteGuard
 from worker.lease import holder
 from worker.siblings import claim_together
-from worker.slots import Slots
+from worker.slots import Slots, Taken
 from worker.store import KeyStore
 from worker.task_state import DeadLettered, Finished, report
 
@@ -195,10 +196,9 @@ def create_worker_app(settings: Settings) -> Celery:
                 run_in_turn(keys, lambda key: [attempt(headers, message_id, key, correlation_id)])
             )
 
-        def chunk(part: list[str]) -> list[Finished]:
+        def run_part(part: Sequence[str], held: Taken) -> list[Finished]:
             """Claim `part` together and run its attempts at once, a slot each, each slot
             given back as its attempt ends."""
-            held = slots.take(len(part))
             try:
                 together = claim_together(runtime.store(), part, holder(), settings.lease_seconds)
 
@@ -213,11 +213,8 @@ def create_worker_app(settings: Settings) -> Celery:
             finally:
                 held.give_rest()
 
-        # A message of more keys than the process has slots runs them that many at a time,
-        # claiming each part only when it starts.
-        size = slots.size or len(keys)
-        parts = [keys[start : start + size] for start in range(0, len(keys), size)]
-        return report_all(run_in_turn(parts, chunk))
+        # The keys start as slots come free, each part claimed only when it starts.
+        return report_all(run_in_parts(keys, slots.take, run_part))
 
     @signals.worker_process_init.connect(weak=False)  # type: ignore[untyped-decorator]
     def _after_fork(**_: Any) -> None:

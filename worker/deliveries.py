@@ -20,6 +20,7 @@ from functools import partial
 from typing import TypeVar
 
 from worker import spare
+from worker.slots import Taken
 from worker.task_state import DeadLettered, Finished, RetryScheduled
 
 T = TypeVar("T")
@@ -56,14 +57,56 @@ def run_each(keys: Sequence[str], attempt: Callable[[str], Finished]) -> list[Fi
     return [outcome for outcome in outcomes if outcome is not None]
 
 
+def run_in_parts(
+    keys: Sequence[str],
+    take: Callable[[int], Taken],
+    run_part: Callable[[Sequence[str], Taken], list[Finished]],
+) -> list[Finished]:
+    """Run `keys` in parts as slots come free (`worker.slots`): each part is as many of the
+    next keys as `take` gave slots for, and starts at once, in a thread of its own while keys
+    are left to wait for theirs (the last part in the calling thread), so a part never waits
+    for the one before it to end. Waits for every part and returns the outcomes in the keys'
+    order; an error is raised once every part has ended."""
+    parts: list[list[Finished]] = []
+    errors: list[BaseException] = []
+    ended = threading.Semaphore(0)
+    started = 0
+
+    def one(index: int, part: Sequence[str], held: Taken) -> None:
+        try:
+            parts[index] = run_part(part, held)
+        except BaseException as error:  # raised in the task's thread, after the others
+            errors.append(error)
+
+    def elsewhere(index: int, part: Sequence[str], held: Taken) -> None:
+        try:
+            one(index, part, held)
+        finally:
+            ended.release()
+
+    while started < len(keys):
+        held = take(len(keys) - started)
+        part = keys[started : started + held.count]
+        started += len(part)
+        parts.append([])
+        if started < len(keys):
+            spare.run(partial(elsewhere, len(parts) - 1, part, held), f"part-{len(parts)}")
+        else:
+            one(len(parts) - 1, part, held)
+    for _ in range(len(parts) - 1):
+        ended.acquire()
+    if errors:
+        raise errors[0]
+    return [outcome for outcomes in parts for outcome in outcomes]
+
+
 def run_in_turn(items: Sequence[T], run: Callable[[T], list[Finished]]) -> list[Finished]:
     """Run `run(item)` for every item one after another, in order, and return all their
     outcomes; an error is raised once every other item has run.
 
     A prefork worker runs a message of unrelated keys this way, one key at a time, as that
     pool promises (an event's deliveries still run at once), each key claimed only when its
-    turn comes, so that no lease runs out while it waits behind a slow one; a threads worker
-    runs a message of more keys than it has slots (`worker.slots`) part after part."""
+    turn comes, so that no lease runs out while it waits behind a slow one."""
     outcomes: list[Finished] = []
     errors: list[BaseException] = []
     for item in items:

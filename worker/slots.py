@@ -5,12 +5,17 @@ fell due together), and each key's attempt runs at once beside the others. Witho
 threads worker would then run up to its concurrency times the keys a message carries, and a
 downstream that had been called by at most `WORKER_CONCURRENCY` attempts of a worker would be
 called by eight times as many after a backlog. So a message takes a slot per key before its
-keys are claimed, and waits, holding nothing and having claimed nothing, while too few are
-free: no lease runs while it waits. A message never holds some slots while it waits for more,
-so messages cannot block each other for good, and messages are served in the order they
-asked: one needing eight slots is not passed for ever by single keys that each find one free.
-A message with more keys than the process has slots runs them in parts of that many, each part
-claimed when it starts (`worker.app`).
+keys are claimed. It takes the slots that are free, one at least, and starts that many keys at
+once; the rest ask again, each part claimed only when it starts (`worker.deliveries`), so no
+lease runs while a key waits. A slot a message holds is always a running attempt's: it is
+given back when that attempt ends, so messages that each wait for more cannot block each other.
+Messages are served in the order they asked, so a free slot goes to the message that has waited
+longest, and one of eight keys is not passed for ever by single keys.
+
+Waiting for a whole message's slots at once would leave slots idle: under a backlog against a
+1 s downstream, with messages of eight keys, the message at the head of the line would hold
+back slots that had come free until enough more did (docs/performance.md, "Parts started as
+slots free").
 
 Each key gives its slot back when its attempt ends, not when its message does: a key that
 hangs until its route's time limit holds one slot, as it did alone, and its message-mates'
@@ -24,43 +29,61 @@ from collections import deque
 
 
 class Slots:
-    """A count of free attempt slots (`size` None: no bound, nothing is ever waited for)."""
+    """A count of free attempt slots (`size` None: no bound, nothing is ever waited for).
+
+    Each waiting message waits on an event of its own, and a slot given back wakes only the
+    message at the head of the line: up to the worker's concurrency of Celery's threads may
+    wait here behind a slow downstream, and waking them all to find the one that may go cost
+    about a millisecond of CPU per attempt (docs/performance.md)."""
 
     def __init__(self, size: int | None) -> None:
         self.size = size
         self._free = size or 0
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
         # Messages waiting for slots, first come first served.
-        self._queue: deque[object] = deque()
+        self._queue: deque[threading.Event] = deque()
 
-    def take(self, count: int) -> Taken:
-        """Take `count` slots (at most all of them), waiting, holding none, while fewer are
-        free; the slots are given back through what this returns."""
+    def take(self, most: int) -> Taken:
+        """Take the slots that are free, one at least and at most `most`, waiting in line,
+        holding none, while none is; `Taken.count` says how many (with no bound: `most`)."""
         if self.size is None:
-            return Taken(self, 0)
-        count = min(count, self.size)
-        turn = object()
-        with self._changed:
+            return Taken(self, 0, granted=most)
+        with self._lock:
+            if not self._queue and self._free > 0:
+                return Taken(self, self._take(most))
+            turn = threading.Event()
             self._queue.append(turn)
-            self._changed.wait_for(lambda: self._queue[0] is turn and self._free >= count)
+        turn.wait()  # set once this message is at the head of the line and a slot is free
+        with self._lock:
             self._queue.popleft()
-            self._free -= count
-            self._changed.notify_all()  # the next in line may fit in what is left
+            count = self._take(most)
+            self._wake_head()  # the next in line may take what is left
         return Taken(self, count)
+
+    def _take(self, most: int) -> int:
+        count = min(most, self._free)
+        self._free -= count
+        return count
 
     def _give(self, count: int) -> None:
         if count:
-            with self._changed:
+            with self._lock:
                 self._free += count
-                self._changed.notify_all()
+                self._wake_head()
+
+    def _wake_head(self) -> None:
+        if self._queue and self._free > 0:
+            self._queue[0].set()
 
 
 class Taken:
-    """Slots one message holds: each attempt gives one back as it ends, and the message
-    gives back whatever is left when it ends (an attempt that never started)."""
+    """Slots one part of a message holds: each attempt gives one back as it ends, and the
+    part gives back whatever is left when it ends (an attempt that never started)."""
 
-    def __init__(self, slots: Slots, count: int) -> None:
+    def __init__(self, slots: Slots, count: int, granted: int | None = None) -> None:
         self._slots = slots
+        # Keys this may start now: the slots taken, or what was asked with no bound.
+        self.count = count if granted is None else granted
         self._left = count
         self._lock = threading.Lock()
 
