@@ -90,7 +90,11 @@ def run_in_parts(
         started += len(part)
         parts.append([])
         if started < len(keys):
-            spare.run(partial(elsewhere, len(parts) - 1, part, held), f"part-{len(parts)}")
+            try:
+                spare.run(partial(elsewhere, len(parts) - 1, part, held), f"part-{len(parts)}")
+            except BaseException:  # no thread for it (the process is out of threads)
+                held.give_rest()  # slots that no attempt will give back
+                raise
         else:
             one(len(parts) - 1, part, held)
     for _ in range(len(parts) - 1):

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from worker import spare
 from worker.deliveries import report_all, run_each, run_in_parts
 from worker.slots import Slots, Taken
 from worker.task_state import DeadLettered, Finished, RetryScheduled
@@ -86,6 +87,18 @@ def test_a_parts_error_is_raised_once_every_part_has_ended() -> None:
     with pytest.raises(ConnectionError):
         run_in_parts(["a", "b", "c"], slots.take, run_part)
     assert ended == ["b", "c"]
+
+
+def test_a_part_that_finds_no_thread_gives_its_slots_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    slots = Slots(2)
+
+    def no_thread(work: object, name: str) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(spare, "run", no_thread)
+    with pytest.raises(RuntimeError):
+        run_in_parts(["a", "b", "c"], slots.take, lambda part, held: [])
+    assert slots._free == 2
 
 
 def test_the_task_ends_failure_then_retry_then_success() -> None:
