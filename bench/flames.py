@@ -56,7 +56,10 @@ ROLES: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("waiting for a notification", ("Listener.wait (outbox/",)),
     ],
     "worker": [
-        ("attempt: the claim (SQL)", ("KeyStore.claim (worker/",)),
+        (
+            "attempt: the claim (SQL)",
+            ("KeyStore.claim (worker/", "claim_together (worker/", "claim_keys (worker/"),
+        ),
         ("attempt: recording the outcome (SQL)", ("_record (worker/attempt.py",)),
         ("attempt: the action (noop) and its thread", ("_act (worker/", "_start (worker/")),
         ("attempt: the rest (logging, metrics, guard)", ("run_attempt (worker/",)),
@@ -64,6 +67,9 @@ ROLES: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("Celery in the pool thread, around the task", ("concurrent/futures/thread.py",)),
         ("Celery's consumer loop (messages in, acks)", ("asynloop (celery/",)),
         ("the metrics endpoint's thread (idle polls)", ("serve_forever (socketserver",)),
+        ("waiting for attempt slots", ("Slots.take (worker/",)),
+        # Last: a kept thread's stack has Spare._serve under whatever work it runs.
+        ("kept threads waiting for their next work (worker/spare.py)", ("Spare._serve (worker/",)),
     ],
     "naive-worker": [
         ("the task (INCR, RPUSH)", ("noop (bench/naive.py",)),
@@ -108,13 +114,16 @@ def roles(raw: Path, name: str, units: int, cpu_seconds: float) -> str:
     """The process's samples by role (ROLES), each share also as CPU ms per unit (the share
     of the CPU time /proc counted)."""
     found: Counter[str] = Counter()
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
+    # Newlines only, as bench.profile.summarize: a frame's text may hold another line break.
+    for line in raw.read_text().split("\n"):
+        if not line:
+            continue
+        stack, _, samples = line.rpartition(" ")
         label = next(
             (label for label, marks in ROLES.get(name, []) if any(m in stack for m in marks)),
             "other" if " (" in stack else "no Python frame (native code, GIL hand-over)",
         )
-        found[label] += int(count)
+        found[label] += int(samples)
     total = max(sum(found.values()), 1)
     lines = ["-- by role (share of samples; of the /proc CPU, ms per unit) --"]
     for label, count in found.most_common():
