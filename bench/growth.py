@@ -1,14 +1,18 @@
 """5. Growth: ingest and claim rates with many existing keys against few.
 
 Two databases filled with generate_series (finished keys shaped like real ones: a readable
-prefix and a SHA-256, with their events), then VACUUM ANALYZE; a receiver on each; timed runs
-alternate between them.
+prefix and a SHA-256, with their events, and one published outbox row each, spread over the
+last ten days' partitions as on a gateway that has run for weeks), then VACUUM ANALYZE; a
+receiver on each; timed runs alternate between them. Then the purge: the outbox's days past
+the retention dropped whole, a tenth of the keys expired and purged in batches, and, for
+comparison, published outbox rows deleted row by row.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import UTC, timedelta
 from functools import partial
 from typing import Any
 
@@ -20,15 +24,33 @@ from bench.ingest import errors_note
 from bench.load import Result, Spec
 from bench.report import Check, median
 from outbox.core.settings import Settings
-from outbox.maintenance.purge import PURGE_BATCH, purge
+from outbox.maintenance.partitions import upkeep
+from outbox.maintenance.purge import OUTBOX_RETENTION_SECONDS, PURGE_BATCH, purge
+from outbox.store import partitions
 
 GROWTH_TARGET = 0.90
 # The statement timeout every process runs with by default (DB_TIMEOUT_SECONDS), in ms.
 STATEMENT_TIMEOUT_MS = Settings.model_fields["db_timeout_seconds"].default * 1000
+# The outbox's rows are spread over this many past days, a partition each.
+OUTBOX_DAYS = 10
+
+
+def past_days(url: str) -> None:
+    """The outbox's layout once the gateway has run for weeks: the partition migration 0017
+    made of the table before it (empty in a new database) gone, one for each past day."""
+    names = sql(url, "SELECT relname FROM pg_class WHERE relname LIKE 'outbox_before_%'")
+    for (name,) in names:
+        sql(url, f"DROP TABLE {name}")
+    today = sql(url, "SELECT date_trunc('day', now() AT TIME ZONE 'UTC')")[0][0]
+    for back in range(OUTBOX_DAYS, 0, -1):
+        day = today.replace(tzinfo=UTC) - timedelta(days=back)
+        sql(url, str(partitions.create_day(day)))
 
 
 def fill_keys(url: str, rows: int) -> None:
-    """`rows` finished keys and their events, in batches of 100 000."""
+    """`rows` finished keys with their events and a published outbox row each (created one to
+    `OUTBOX_DAYS` days ago, round robin), in batches of 100 000."""
+    past_days(url)
     step = 100_000
     for first in range(1, rows + 1, step):
         last = min(rows, first + step - 1)
@@ -61,14 +83,74 @@ def fill_keys(url: str, rows: int) -> None:
             """,
             params,
         )
+        sql(
+            url,
+            """
+            INSERT INTO outbox (idempotency_key, task_name, correlation_id, created_at,
+                                available_at, published_at, publish_attempts)
+            SELECT 'webform:crm.lead.created:' || encode(sha256(('old-' || g)::bytea), 'hex'),
+                   'idem.process', md5(g::text), t.created, t.created,
+                   t.created + interval '1 second', 1
+              FROM generate_series(%(first)s::int, %(last)s::int) g
+             CROSS JOIN LATERAL (
+                 SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+                        - make_interval(days => 1 + g %% %(days)s, hours => -12) AS created) t
+            """,
+            {**params, "days": OUTBOX_DAYS},
+        )
     sql(url, "VACUUM ANALYZE idempotency_keys")
     sql(url, "VACUUM ANALYZE events")
+    sql(url, "VACUUM ANALYZE outbox")
+
+
+def outbox_figures(url: str, row_prune: int) -> dict[str, Any]:
+    """The outbox's days past the retention dropped (`idem purge`'s first step): how many,
+    their rows, the time; then, for comparison, `row_prune` published rows of the oldest day
+    left deleted row by row in batches of `PURGE_BATCH` (the purge before partitions)."""
+    rows_before = int(sql(url, "SELECT count(*) FROM outbox")[0][0])
+    past_retention = int(
+        sql(
+            url,
+            "SELECT count(*) FROM outbox WHERE published_at < now() - make_interval(secs => %s)",
+            (OUTBOX_RETENTION_SECONDS,),
+        )[0][0]
+    )
+    engine = create_engine(url)
+    try:
+        began = time.monotonic()
+        days = upkeep(engine, retention_seconds=OUTBOX_RETENTION_SECONDS)
+        drop_ms = (time.monotonic() - began) * 1000
+    finally:
+        engine.dispose()
+    rows_after = int(sql(url, "SELECT count(*) FROM outbox")[0][0])
+    oldest = sorted(days.waiting)[0]
+    deleted, began = 0, time.monotonic()
+    while deleted < row_prune:
+        done = sql(
+            url,
+            f"DELETE FROM {oldest} WHERE id IN (SELECT id FROM {oldest}"
+            " WHERE published_at IS NOT NULL LIMIT %(n)s) RETURNING id",
+            {"n": min(PURGE_BATCH, row_prune - deleted)},
+        )
+        if not done:
+            break
+        deleted += len(done)
+    seconds = time.monotonic() - began
+    return {
+        "days_dropped": len(days.dropped),
+        "rows_dropped": rows_before - rows_after,
+        "rows_past_retention": past_retention,
+        "drop_ms": drop_ms,
+        "row_prune_rows": deleted,
+        "row_prune_rows_per_s": deleted / seconds if seconds > 0 else 0.0,
+    }
 
 
 def purge_figures(url: str, expire: int) -> dict[str, Any]:
     """Expire `expire` of the database's keys, then purge them as `idem purge --yes` does (its
-    batches of `PURGE_BATCH` keys, one transaction each): keys per second, and each batch's
-    time (what one statement holds its locks for, against the statement timeout)."""
+    batches of `PURGE_BATCH` keys, one transaction each, the outbox's days kept already):
+    keys per second, and each batch's time (what one statement holds its locks for, against
+    the statement timeout)."""
     sql(
         url,
         "UPDATE idempotency_keys SET expires_at = now() - interval '1 second'"
@@ -83,7 +165,7 @@ def purge_figures(url: str, expire: int) -> dict[str, Any]:
     try:
         while True:
             started = time.monotonic()
-            report = purge(engine, dry_run=False, max_batches=1)
+            report = purge(engine, dry_run=False, max_batches=1, days=False)
             batches.append((time.monotonic() - started) * 1000)
             purged += report.expired_keys
             if report.expired_keys < PURGE_BATCH:
@@ -184,8 +266,30 @@ def run(bench: Bench) -> tuple[dict[str, Any], list[Check]]:
             )
         for process in procs.values():
             process.check_alive()
-        # A tenth of each database's keys expired and purged, the receivers idle.
+        # The outbox's old days dropped, then a tenth of each database's keys expired and
+        # purged, the receivers idle.
         bench.say("growth: purge")
+        outboxes = {
+            name: outbox_figures(urls[name], max(1, rows // 100)) for name, rows in sizes.items()
+        }
+        summary["outbox_purge"] = outboxes
+        dropped = outboxes["large"]
+        checks.append(
+            Check(
+                "5 growth",
+                f"outbox days past the retention dropped with {sizes['large']:,} keys "
+                f"({dropped['days_dropped']} days, {dropped['rows_dropped']:,} rows, "
+                f"{dropped['drop_ms']:.0f} ms); row by row: "
+                f"{dropped['row_prune_rows_per_s']:,.0f} rows/s",
+                dropped["rows_dropped"] / max(dropped["drop_ms"] / 1000, 1e-9),
+                "rows/s",
+                "row by row",
+                dropped["row_prune_rows_per_s"],
+                "every row past the retention, by days",
+                dropped["rows_dropped"] == dropped["rows_past_retention"]
+                and dropped["days_dropped"] >= 3,
+            )
+        )
         purges = {
             name: purge_figures(urls[name], max(1, rows // 10)) for name, rows in sizes.items()
         }

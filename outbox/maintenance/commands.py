@@ -7,7 +7,7 @@ command (`outbox.terminal`): a table or `--json`; exit 0 done, 2 refused.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import partial
 from typing import Annotated
 
@@ -29,7 +29,7 @@ def purge_command(
     as_json: AsJson = False,
 ) -> None:
     """Forget expired keys and old published outbox rows (needs --dry-run or --yes)."""
-    from outbox.maintenance.purge import PurgeReport, purge
+    from outbox.maintenance.purge import purge
 
     if dry_run == yes:
         terminal.fail("choose --dry-run or --yes, not both" if yes else PURGE_REFUSAL)
@@ -41,21 +41,35 @@ def purge_command(
         run = partial(purge, engine, retention_seconds=retention, batch=batch)
         report = run(dry_run=True)
         if yes:
-            # A batch per transaction (purge's own loop, one turn at a time) to move the bar.
+            # A batch per transaction (purge's own loop, one turn at a time) to move the bar;
+            # the outbox's days are kept by the first turn.
             total = report.expired_keys + report.published_outbox_rows
             task, keys, rows = progress.add_task("purging", total=total), 0, 0
+            first = step = run(dry_run=False, max_batches=1)
             while True:
-                step = run(dry_run=False, max_batches=1)
                 keys, rows = keys + step.expired_keys, rows + step.published_outbox_rows
                 progress.advance(task, step.expired_keys + step.published_outbox_rows)
                 if step.expired_keys < batch and step.published_outbox_rows < batch:
                     break
-            report = PurgeReport(keys, rows, dry_run=False)
-            log.info("purge.finished", expired_keys=keys, published_outbox_rows=rows)
+                step = run(dry_run=False, max_batches=1, days=False)
+            report = replace(first, expired_keys=keys, published_outbox_rows=rows)
+            log.info(
+                "purge.finished",
+                expired_keys=keys,
+                published_outbox_rows=rows,
+                outbox_days_dropped=len(report.outbox_days_dropped),
+            )
     if as_json:
         return terminal.print_json({**asdict(report), "outbox_retention_seconds": retention})
+    days = ", ".join(report.outbox_days_dropped) or "none"
     terminal.console().print(
         f"{'would remove' if report.dry_run else 'removed'} {report.expired_keys} expired keys"
         " (with their events, outbox rows and resolved dead letters) and"
-        f" {report.published_outbox_rows} outbox rows published more than {retention:g} s ago"
+        f" {report.published_outbox_rows} outbox rows published more than {retention:g} s ago;"
+        f" outbox days {'to drop' if report.dry_run else 'dropped'}: {days}"
     )
+    if report.outbox_days_waiting:
+        terminal.console().print(
+            "outbox days ended but still holding a row not yet published or within the"
+            f" retention: {', '.join(report.outbox_days_waiting)}"
+        )

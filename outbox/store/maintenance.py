@@ -137,9 +137,14 @@ PURGE_EXPIRED_KEYS: TextClause = text(
 
 COUNT_PRUNABLE_OUTBOX: TextClause = text(
     """
-    -- Rows of keys the purge removes anyway go with them (cascade) and are not counted here.
+    -- What PRUNE_PUBLISHED_OUTBOX would remove. Rows of keys the purge removes anyway go with
+    -- them (cascade), and those of the days it drops whole (:dropping, partition names) with
+    -- their day; neither is counted here.
     SELECT count(*) FROM outbox o
      WHERE o.published_at < now() - make_interval(secs => :retention_seconds)
+       AND CAST(o.tableoid AS regclass)::text <> ALL(CAST(:dropping AS text[]))
+       AND o.created_at < date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+                          - make_interval(days => 1, secs => :retention_seconds)
        AND NOT EXISTS (
            SELECT 1 FROM idempotency_keys k
             WHERE k.idempotency_key = o.idempotency_key
@@ -156,12 +161,18 @@ COUNT_PRUNABLE_OUTBOX: TextClause = text(
 
 PRUNE_PUBLISHED_OUTBOX: TextClause = text(
     """
-    -- Published rows are history once past the retention; a bounded batch at a time.
-    DELETE FROM outbox WHERE id IN (
-        SELECT id FROM outbox
+    -- Published rows are history once past the retention; a bounded batch at a time. A day's
+    -- rows normally go with their day's partition (outbox.maintenance.partitions); this reaches
+    -- only rows a day later than that: the DEFAULT partition's, and those of a day kept by a
+    -- row still unpublished. The bound on created_at lets the plan skip every other day.
+    DELETE FROM outbox o USING (
+        SELECT id, created_at FROM outbox
          WHERE published_at < now() - make_interval(secs => :retention_seconds)
+           AND created_at < date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+                            - make_interval(days => 1, secs => :retention_seconds)
          LIMIT :limit
-    )
-    RETURNING id
+    ) old
+     WHERE o.id = old.id AND o.created_at = old.created_at
+    RETURNING o.id
     """
 )

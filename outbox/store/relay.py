@@ -21,7 +21,7 @@ CLAIM_DUE_OUTBOX: TextClause = text(
     -- backfill, never a retry, re-drive, replay or lane wake) names its event, so the relay
     -- can carry an event's deliveries in one message.
     WITH due AS (
-        SELECT id
+        SELECT id, created_at
           FROM outbox
          WHERE published_at IS NULL AND available_at <= now()
            AND (claimed_until IS NULL OR claimed_until < now())
@@ -33,7 +33,7 @@ CLAIM_DUE_OUTBOX: TextClause = text(
        SET claimed_until = now() + make_interval(secs => :lease_seconds),
            publish_attempts = o.publish_attempts + 1
       FROM due
-     WHERE o.id = due.id
+     WHERE o.id = due.id AND o.created_at = due.created_at  -- the row's day: one partition
     RETURNING o.id, o.idempotency_key, o.task_name, o.correlation_id, o.available_at,
               EXTRACT(EPOCH FROM now() - o.available_at)::float8 AS waited_seconds,
               CASE WHEN :traced THEN (SELECT e.trace_context

@@ -143,9 +143,10 @@ def add_outbox(
     query(
         db,
         "INSERT INTO outbox (idempotency_key, task_name, correlation_id, available_at,"
-        " published_at) VALUES (%s, 'idem.process', 'c', now() + CAST(%s AS interval),"
-        " now() - CAST(%s AS interval))",
-        (key, available_in, published_ago),
+        " published_at, created_at) VALUES (%s, 'idem.process', 'c',"
+        " now() + CAST(%s AS interval), now() - CAST(%s AS interval),"
+        " now() - COALESCE(CAST(%s AS interval), '0 s'))",
+        (key, available_in, published_ago, published_ago),
     )
 
 
