@@ -33,8 +33,8 @@ log = get_logger(__name__)
 # Partitions exist for today and this many days after it.
 AHEAD_DAYS = 3
 LOCK_TIMEOUT_MS = 500
-# A DDL statement that met one of these is left for the next pass.
-# (another upkeep, an operator's `idem purge` beside the sweeper's, got there first).
+# A DDL statement that met one of these is left for the next pass: its lock was not free, or
+# another upkeep (an operator's `idem purge` beside the sweeper's) got there first.
 _RETRY_LATER = (pg_errors.LockNotAvailable, pg_errors.DuplicateTable, pg_errors.UndefinedTable)
 
 

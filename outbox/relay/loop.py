@@ -113,10 +113,14 @@ def publish_due_batch(
     finally:
         # Mark what went out, even when the broker failed half-way; give the rest back.
         unsent = sorted({m.outbox_id for m in messages} - set(sent))
+        span = {
+            "oldest": min(r["created_at"] for r in rows),
+            "newest": max(r["created_at"] for r in rows),
+        }
         if sent:
-            marked = rows_once_more(engine, sql.MARK_PUBLISHED, {"ids": sent})
+            marked = rows_once_more(engine, sql.MARK_PUBLISHED, {"ids": sent, **span})
         if unsent:
-            rows_once_more(engine, sql.RELEASE_OUTBOX_CLAIM, {"ids": unsent})
+            rows_once_more(engine, sql.RELEASE_OUTBOX_CLAIM, {"ids": unsent, **span})
     waited = max(float(r["waited_seconds"]) for r in rows)
     if not marked or unsent:
         # Rows given back are due again: the marking statement could not count them.

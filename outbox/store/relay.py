@@ -35,6 +35,7 @@ CLAIM_DUE_OUTBOX: TextClause = text(
       FROM due
      WHERE o.id = due.id AND o.created_at = due.created_at  -- the row's day: one partition
     RETURNING o.id, o.idempotency_key, o.task_name, o.correlation_id, o.available_at,
+              o.created_at,
               EXTRACT(EPOCH FROM now() - o.available_at)::float8 AS waited_seconds,
               CASE WHEN :traced THEN (SELECT e.trace_context
                                         FROM idempotency_keys k
@@ -61,10 +62,13 @@ MARK_PUBLISHED: TextClause = text(
     -- After the send: a row is marked only once its message is in the broker. In the same
     -- round trip, the relay's idle check (SECONDS_UNTIL_NEXT_DUE): the rows this statement
     -- marks still read as held, by the snapshot it started with, so they are not counted.
+    -- The batch's span of creation times (:oldest to :newest) leaves out every day partition
+    -- outside it before the ids are looked up.
     WITH marked AS (
         UPDATE outbox
            SET published_at = now(), claimed_until = NULL
-         WHERE id = ANY(:ids) AND published_at IS NULL
+         WHERE id = ANY(:ids) AND created_at BETWEEN :oldest AND :newest
+           AND published_at IS NULL
     )
     {_NEXT_DUE}
     """
@@ -76,7 +80,8 @@ RELEASE_OUTBOX_CLAIM: TextClause = text(
     -- of the lease, so any relay may try them again after its backoff.
     UPDATE outbox
        SET claimed_until = NULL
-     WHERE id = ANY(:ids) AND published_at IS NULL
+     WHERE id = ANY(:ids) AND created_at BETWEEN :oldest AND :newest
+       AND published_at IS NULL
     """
 )
 

@@ -249,7 +249,9 @@ PATHS: dict[str, Callable[[Engine], Any]] = {
     "blocked lanes": lambda e: stats.blocked_lanes(e, 300),
     "relay's idle check": relay.seconds_until_next_due,
     "relay's mark, with the idle check": lambda e: rows_once_more(
-        e, queries.MARK_PUBLISHED, {"ids": [1, 2, 3]}
+        e,
+        queries.MARK_PUBLISHED,
+        {"ids": [1, 2, 3], "oldest": datetime.now(UTC), "newest": datetime.now(UTC)},
     ),
 }
 
