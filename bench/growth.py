@@ -38,7 +38,11 @@ OUTBOX_DAYS = 10
 def past_days(url: str) -> None:
     """The outbox's layout once the gateway has run for weeks: the partition migration 0017
     made of the table before it (empty in a new database) gone, one for each past day."""
-    names = sql(url, "SELECT relname FROM pg_class WHERE relname LIKE 'outbox_before_%'")
+    names = sql(
+        url,
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = 'outbox'::regclass AND c.relname LIKE 'outbox_before_%'",
+    )
     for (name,) in names:
         sql(url, f"DROP TABLE {name}")
     today = sql(url, "SELECT date_trunc('day', now() AT TIME ZONE 'UTC')")[0][0]
