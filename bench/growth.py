@@ -37,7 +37,8 @@ OUTBOX_DAYS = 10
 
 def past_days(url: str) -> None:
     """The outbox's layout once the gateway has run for weeks: the partition migration 0017
-    made of the table before it (empty in a new database) gone, one for each past day."""
+    made of the table before it (empty in a new database) gone, one for each past day and
+    today (the next days' the migration made)."""
     names = sql(
         url,
         "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
@@ -46,7 +47,7 @@ def past_days(url: str) -> None:
     for (name,) in names:
         sql(url, f"DROP TABLE {name}")
     today = sql(url, "SELECT date_trunc('day', now() AT TIME ZONE 'UTC')")[0][0]
-    for back in range(OUTBOX_DAYS, 0, -1):
+    for back in range(OUTBOX_DAYS, -1, -1):  # today's too: the run's own rows go there
         day = today.replace(tzinfo=UTC) - timedelta(days=back)
         sql(url, str(partitions.create_day(day)))
 
