@@ -146,6 +146,25 @@ def seed_pending_key(database_url: str, external_id: str) -> str:
     return key
 
 
+def seed_expired_keys(database_url: str, count: int) -> None:
+    """`count` succeeded keys whose TTL ran out ten days ago, with their events (no outbox
+    row): what a purge removes."""
+    query(
+        database_url,
+        "INSERT INTO idempotency_keys (idempotency_key, status, payload_hash, correlation_id,"
+        " source, event_type, route, created_at, updated_at, expires_at)"
+        " SELECT 'webform:crm.lead.created:' || i, 'succeeded', 'h', 'corr-' || i, 'webform',"
+        " 'crm.lead.created', 'crm', now() - interval '40 days', now() - interval '40 days',"
+        " now() - interval '10 days' FROM generate_series(1, %s) i",
+        (count,),
+    )
+    query(
+        database_url,
+        "INSERT INTO events (idempotency_key, source, event_type, external_id, payload)"
+        " SELECT idempotency_key, source, event_type, idempotency_key, '{}' FROM idempotency_keys",
+    )
+
+
 def seed_lane_key(
     database_url: str,
     external_id: str,

@@ -29,6 +29,7 @@ def purge_command(
     as_json: AsJson = False,
 ) -> None:
     """Forget expired keys and old published outbox rows (needs --dry-run or --yes)."""
+    from outbox.maintenance.pace import BatchPace
     from outbox.maintenance.purge import purge
 
     if dry_run == yes:
@@ -38,18 +39,20 @@ def purge_command(
         terminal.progress(disable=as_json or dry_run) as progress,
     ):
         retention = settings.outbox_retention_seconds
-        run = partial(purge, engine, retention_seconds=retention, batch=batch)
+        pace = BatchPace(batch)
+        run = partial(purge, engine, retention_seconds=retention, batch=batch, pace=pace)
         report = run(dry_run=True)
         if yes:
             # A batch per transaction (purge's own loop, one turn at a time) to move the bar;
-            # the outbox's days are kept by the first turn.
+            # the outbox's days are kept by the first turn, and each turn's batch follows the
+            # last one's time (`pace`).
             total = report.expired_keys + report.published_outbox_rows
             task, keys, rows = progress.add_task("purging", total=total), 0, 0
             first = step = run(dry_run=False, max_batches=1)
             while True:
                 keys, rows = keys + step.expired_keys, rows + step.published_outbox_rows
                 progress.advance(task, step.expired_keys + step.published_outbox_rows)
-                if step.expired_keys < batch and step.published_outbox_rows < batch:
+                if not step.full:
                     break
                 step = run(dry_run=False, max_batches=1, days=False)
             report = replace(first, expired_keys=keys, published_outbox_rows=rows)

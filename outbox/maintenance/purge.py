@@ -19,13 +19,20 @@ dropped whole); the row-by-row prune only reaches what a drop could not.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
-from sqlalchemy import Engine
+from psycopg.errors import QueryCanceled
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import OperationalError
 
+from outbox.core.logs import get_logger
+from outbox.maintenance.pace import BatchPace
 from outbox.maintenance.partitions import upkeep
 from outbox.store import lanes, notify
 from outbox.store import maintenance as q
+
+log = get_logger(__name__)
 
 # Published outbox rows are kept a week: enough to answer "was it sent, and when?"
 OUTBOX_RETENTION_SECONDS = 7 * 86_400
@@ -42,6 +49,10 @@ class PurgeReport:
     # whose day has ended but which still hold a row somebody needs.
     outbox_days_dropped: tuple[str, ...] = ()
     outbox_days_waiting: tuple[str, ...] = ()
+    # The last batch's size (what `pace` came to), and whether it came back full: more may
+    # be waiting.
+    batch: int = PURGE_BATCH
+    full: bool = False
 
 
 def purge(
@@ -52,10 +63,13 @@ def purge(
     batch: int = PURGE_BATCH,
     max_batches: int | None = None,
     days: bool = True,
+    pace: BatchPace | None = None,
 ) -> PurgeReport:
     """Count (dry run) or delete what has expired; `max_batches` bounds one call's work (the
     partitions' upkeep, a few catalog reads and index probes, comes first unless `days` is
-    False: a caller that loops over batches keeps its days once)."""
+    False: a caller that loops over batches keeps its days once). Each batch's size follows
+    its time against the statement timeout (`pace`, a caller's own to keep across calls; one
+    starting at `batch` otherwise)."""
     dropped: tuple[str, ...] = ()
     waiting: tuple[str, ...] = ()
     if days:
@@ -68,28 +82,44 @@ def purge(
                 q.COUNT_PRUNABLE_OUTBOX,
                 {"retention_seconds": retention_seconds, "dropping": list(dropped)},
             ).scalar_one()
-        return PurgeReport(int(keys), int(rows), True, dropped, waiting)
-    keys = rows = 0
-    batches = 0
+        return PurgeReport(int(keys), int(rows), True, dropped, waiting, batch)
+    pace = pace or BatchPace(batch)
+    with engine.connect() as conn:
+        timeout = conn.execute(q.STATEMENT_TIMEOUT_SECONDS).scalar_one()
+    keys = rows = batches = 0
+    size, full = pace.size, False
     while max_batches is None or batches < max_batches:
-        with engine.begin() as conn:
-            deleted_keys = len(conn.execute(q.PURGE_EXPIRED_KEYS, {"limit": batch}).all())
-            deleted_rows = len(
-                conn.execute(
-                    q.PRUNE_PUBLISHED_OUTBOX,
-                    {"retention_seconds": retention_seconds, "limit": batch},
-                ).all()
-            )
-            # Lanes whose keys are all gone go too, and notices sent longer ago than the
-            # outbox's retention; no count of their own (they are small).
-            conn.execute(lanes.PURGE_IDLE_LANES, {"limit": batch})
-            conn.execute(
-                notify.PURGE_SENT_NOTICES,
-                {"retention_seconds": retention_seconds, "limit": batch},
-            )
+        size, began = pace.size, time.monotonic()
+        try:
+            with engine.begin() as conn:
+                deleted_keys, deleted_rows = _one_batch(conn, size, retention_seconds)
+        except OperationalError as error:
+            # Cancelled at the statement timeout: rolled back whole, tried again smaller.
+            if not isinstance(error.orig, QueryCanceled) or not pace.cancelled():
+                raise
+            log.warning("purge.batch_cancelled", batch=size, next_batch=pace.size)
+            continue
+        pace.took(time.monotonic() - began, timeout)
         keys += deleted_keys
         rows += deleted_rows
         batches += 1
-        if deleted_keys < batch and deleted_rows < batch:
+        full = deleted_keys >= size or deleted_rows >= size
+        if not full:
             break
-    return PurgeReport(keys, rows, False, dropped, waiting)
+    return PurgeReport(keys, rows, False, dropped, waiting, size, full)
+
+
+def _one_batch(conn: Connection, size: int, retention_seconds: float) -> tuple[int, int]:
+    """One transaction's work: up to `size` expired keys (with what cascades from them) and
+    `size` old published outbox rows; the keys and rows it removed."""
+    deleted_keys = len(conn.execute(q.PURGE_EXPIRED_KEYS, {"limit": size}).all())
+    deleted_rows = len(
+        conn.execute(
+            q.PRUNE_PUBLISHED_OUTBOX, {"retention_seconds": retention_seconds, "limit": size}
+        ).all()
+    )
+    # Lanes whose keys are all gone go too, and notices sent longer ago than the outbox's
+    # retention; no count of their own (they are small).
+    conn.execute(lanes.PURGE_IDLE_LANES, {"limit": size})
+    conn.execute(notify.PURGE_SENT_NOTICES, {"retention_seconds": retention_seconds, "limit": size})
+    return deleted_keys, deleted_rows

@@ -28,6 +28,7 @@ from outbox.core.notify import NotifyTarget
 from outbox.core.settings import Settings
 from outbox.core.wire import PROCESS_TASK
 from outbox.maintenance.notify import NotifyReport, notify_once
+from outbox.maintenance.pace import BatchPace
 from outbox.maintenance.purge import purge
 from outbox.store import lanes
 from outbox.store import maintenance as sql
@@ -49,10 +50,13 @@ class SweepReport:
 
 
 def sweep_once(
-    engine: Engine, settings: Settings, notify: list[NotifyTarget] | None = None
+    engine: Engine,
+    settings: Settings,
+    notify: list[NotifyTarget] | None = None,
+    pace: BatchPace | None = None,
 ) -> SweepReport | None:
     """One pass; None when another sweeper holds the lock (the notifier runs either way,
-    under its own lock)."""
+    under its own lock). `pace` carries the purge's batch size from pass to pass."""
     _notify(engine, notify or [])
     params = {
         "limit": settings.sweep_batch_size,
@@ -73,6 +77,7 @@ def sweep_once(
         retention_seconds=settings.outbox_retention_seconds,
         batch=settings.sweep_batch_size,
         max_batches=1,
+        pace=pace,
     )
     return SweepReport(
         leases_reclaimed=len(reclaimed),
@@ -135,10 +140,11 @@ def run_sweeper(
     )
     _warn_without_autovacuum(engine)
     heartbeat = Heartbeat(settings.heartbeat_file)
+    pace = BatchPace(settings.sweep_batch_size)
     while not stop.is_set():
         heartbeat.beat()
         try:
-            report = sweep_once(engine, settings, notify)
+            report = sweep_once(engine, settings, notify, pace)
         except Exception as error:
             log.warning("sweeper.failed", error=type(error).__name__, detail=str(error)[:200])
         else:

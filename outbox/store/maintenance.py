@@ -84,6 +84,14 @@ REDRIVE_STALLED_KEYS: TextClause = text(
 
 # -- purge ------------------------------------------------------------------------------------
 
+STATEMENT_TIMEOUT_SECONDS: TextClause = text(
+    """
+    -- The statement timeout this connection runs under, in seconds (0: none); the purge
+    -- sizes its batches against it.
+    SELECT CAST(setting AS float8) / 1000 FROM pg_settings WHERE name = 'statement_timeout'
+    """
+)
+
 COUNT_PURGEABLE: TextClause = text(
     """
     -- What PURGE_EXPIRED_KEYS would remove, counted (the same conditions).
