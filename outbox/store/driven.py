@@ -40,17 +40,28 @@ log = get_logger(__name__)
 
 Rows = list[dict[str, Any]]
 
+# What the server rolls back to resolve a conflict between statements, not a fault of the
+# statement: run again, it meets the other one finished.
+_TRANSIENT = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
 
 def rows_once_more(engine: Engine, statement: TextClause, params: dict[str, Any]) -> Rows:
     """Run one statement; its rows, as mappings. A statement that met a connection the server
     had dropped (PostgreSQL restarted, an idle connection cut) is sent once more on a fresh
-    one, instead of pinging before every statement: one round trip per step, not two. Only
-    for steps that are safe to repeat (each caller's docstring says why)."""
+    one, instead of pinging before every statement: one round trip per step, not two. So is
+    one the server chose as a deadlock's victim (or a serialization failure): it was rolled
+    back whole, so it wrote nothing, and its second run meets the other statement finished.
+    Only for steps that are safe to repeat (each caller's docstring says why)."""
     for attempt in (1, 2):
         try:
             return _rows(engine, statement, params)
         except DBAPIError as error:
-            if attempt == 2 or not error.connection_invalidated:
+            if attempt == 2:
+                raise
+            if isinstance(error.orig, _TRANSIENT):
+                log.warning("store.statement_retried", error=type(error.orig).__name__)
+                continue
+            if not error.connection_invalidated:
                 raise
             log.warning("store.reconnect", error=type(error.orig).__name__)
     raise AssertionError("unreachable")

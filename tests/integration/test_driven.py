@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 from sqlalchemy.exc import DataError
 
 from outbox.core.settings import Settings
@@ -58,3 +58,50 @@ def test_a_refused_statement_gives_its_connection_back_to_the_receiver_pool(
             await engine.dispose()
 
     asyncio.run(scenario())
+
+
+def test_a_statement_chosen_as_a_deadlocks_victim_is_run_again(own_database: str) -> None:
+    """Two statements lock two rows in opposite orders: the server rolls one back as the
+    deadlock's victim; the store runs it again (it wrote nothing) and it succeeds once the
+    other has finished, instead of raising DeadlockDetected as if the step had failed."""
+    import threading
+
+    import psycopg
+
+    from tests.support import libpq
+
+    with psycopg.connect(libpq(own_database), autocommit=True) as setup:
+        setup.execute("CREATE TABLE locks (id int PRIMARY KEY, n int NOT NULL)")
+        setup.execute("INSERT INTO locks VALUES (1, 0), (2, 0)")
+        name = make_url(own_database).database
+        setup.execute(f"ALTER DATABASE \"{name}\" SET deadlock_timeout = '200ms'")
+    engine = create_sync_engine(
+        _settings(own_database), pool_size=1, max_overflow=0, autocommit=True
+    )
+    # Row 2, then row 1 (which the other transaction holds): this statement waits first,
+    # so its deadlock check fires first and it is the victim.
+    both = text(
+        "WITH first AS (UPDATE locks SET n = n + 1 WHERE id = 2 RETURNING id),"
+        " second AS (UPDATE locks SET n = n + 1 WHERE id = (SELECT id - 1 FROM first)"
+        "            RETURNING id)"
+        " SELECT count(*) AS done FROM second"
+    )
+    outcome: list[object] = []
+    try:
+        with psycopg.connect(libpq(own_database)) as other:
+            other.execute("UPDATE locks SET n = n + 10 WHERE id = 1")
+            thread = threading.Thread(
+                target=lambda: outcome.append(rows_once_more(engine, both, {}))
+            )
+            thread.start()
+            threading.Event().wait(0.1)
+            # Row 2 is the thread's now; waiting for it closes the cycle. The thread's
+            # statement is rolled back, this one goes on, and the thread's runs again.
+            other.execute("UPDATE locks SET n = n + 10 WHERE id = 2")
+            other.commit()
+            thread.join(timeout=30)
+    finally:
+        engine.dispose()
+    assert outcome == [[{"done": 1}]]
+    with psycopg.connect(libpq(own_database)) as check:
+        assert check.execute("SELECT n FROM locks ORDER BY id").fetchall() == [(11,), (11,)]

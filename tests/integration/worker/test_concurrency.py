@@ -83,11 +83,18 @@ def test_two_worker_processes_racing_over_the_same_keys_act_once_each(
     stack.start_worker("worker-a")
     stack.start_worker("worker-b")
     keys = _post_many(stack, "raced", 40)
-    query(
-        stack.database_url,
-        "INSERT INTO outbox (idempotency_key, task_name, correlation_id)"
-        " SELECT idempotency_key, 'idem.process', correlation_id FROM idempotency_keys",
-    )
+    # One key per statement: its foreign-key check then locks one key, which cannot deadlock
+    # with the workers updating the same keys (a multi-row INSERT ... SELECT locked them in
+    # whatever order it read them, against the workers' key order, and died as a deadlock's
+    # victim in its own set-up).
+    for key in keys:
+        query(
+            stack.database_url,
+            "INSERT INTO outbox (idempotency_key, task_name, correlation_id)"
+            " SELECT idempotency_key, 'idem.process', correlation_id FROM idempotency_keys"
+            " WHERE idempotency_key = %s",
+            (key,),
+        )
     wait_until(lambda: set(_statuses(stack).values()) == {"succeeded"}, timeout=60)
     wait_until(
         lambda: (
