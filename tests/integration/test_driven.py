@@ -6,7 +6,9 @@ pool holds."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
+import psycopg
 import pytest
 from sqlalchemy import make_url, text
 from sqlalchemy.exc import DataError
@@ -14,6 +16,7 @@ from sqlalchemy.exc import DataError
 from outbox.core.settings import Settings
 from outbox.store.driven import driven, rows_once_more
 from outbox.store.engines import create_receiver_engine, create_sync_engine
+from tests.support import libpq, query, wait_until
 
 REFUSED = text("SELECT CAST(:value AS integer) AS n")
 BACKEND = text("SELECT pg_backend_pid() AS pid")
@@ -64,12 +67,6 @@ def test_a_statement_chosen_as_a_deadlocks_victim_is_run_again(own_database: str
     """Two statements lock two rows in opposite orders: the server rolls one back as the
     deadlock's victim; the store runs it again (it wrote nothing) and it succeeds once the
     other has finished, instead of raising DeadlockDetected as if the step had failed."""
-    import threading
-
-    import psycopg
-
-    from tests.support import libpq
-
     with psycopg.connect(libpq(own_database), autocommit=True) as setup:
         setup.execute("CREATE TABLE locks (id int PRIMARY KEY, n int NOT NULL)")
         setup.execute("INSERT INTO locks VALUES (1, 0), (2, 0)")
@@ -94,9 +91,23 @@ def test_a_statement_chosen_as_a_deadlocks_victim_is_run_again(own_database: str
                 target=lambda: outcome.append(rows_once_more(engine, both, {}))
             )
             thread.start()
-            threading.Event().wait(0.1)
-            # Row 2 is the thread's now; waiting for it closes the cycle. The thread's
-            # statement is rolled back, this one goes on, and the thread's runs again.
+            # Once the thread's statement holds row 2 and waits for row 1, it waits first,
+            # whatever the machine's load, so its deadlock check fires first.
+            wait_until(
+                lambda: (
+                    query(
+                        own_database,
+                        # This database's sessions only: the server may serve others.
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    )
+                    == [(1,)]
+                ),
+                timeout=10,
+                interval=0.02,
+            )
+            # Row 2 is the thread's; waiting for it closes the cycle. The thread's statement
+            # is rolled back, this one goes on, and the thread's runs again.
             other.execute("UPDATE locks SET n = n + 10 WHERE id = 2")
             other.commit()
             thread.join(timeout=30)
