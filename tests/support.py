@@ -320,7 +320,9 @@ class Reply:
     """How the fake downstream answers one request.
 
     `commit` records the side effect first; `delay` waits before answering (past the client's
-    read timeout, the answer is lost); `drop` closes the connection without any answer.
+    read timeout, the answer is lost); `drop` closes the connection without any answer; `late`
+    applies the request that many seconds after it arrived and never answers it: a downstream
+    that takes a request in, is slow, and acts after its client gave up.
     """
 
     status: int = 201
@@ -332,6 +334,7 @@ class Reply:
     extra: dict[str, Any] = field(default_factory=dict)
     # After the commit, hold the answer until this is set (at most `delay` or 30 s).
     hold: threading.Event | None = None
+    late: float | None = None
 
 
 class _Listening(ThreadingHTTPServer):
@@ -365,6 +368,8 @@ class Downstream:
     # Requests being handled right now (POSTs and lookups), and the most there ever were.
     in_flight: int = 0
     peak_in_flight: int = 0
+    # Every effect as it was applied, in order: (key, the request's body).
+    applied: list[tuple[str, Any]] = field(default_factory=list)
 
     def reset(self) -> None:
         with self.lock:
@@ -373,6 +378,7 @@ class Downstream:
             self.requests.clear()
             self.lookups.clear()
             self.lookup_requests.clear()
+            self.applied.clear()
             self.behaviour = None
             self.lookup_failure = None
             self.peak_in_flight = self.in_flight
@@ -396,8 +402,9 @@ class Downstream:
         with self.lock:
             return [r["at"] for r in self.requests if r["key"] == key]
 
-    def _commit(self, key: str) -> str:
+    def _commit(self, key: str, body: Any = None) -> str:
         with self.lock:
+            self.applied.append((key, body))
             self.effects[key] += 1
             self.refs.setdefault(key, f"task-{len(self.refs) + 1}")
             return self.refs[key]
@@ -472,10 +479,15 @@ class Downstream:
                     )
                     behaviour = downstream.behaviour
                 reply = behaviour(key, seen + 1) if behaviour else Reply()
+                if reply.late is not None:
+                    time.sleep(reply.late)
+                    downstream._commit(key, body)
+                    self.close_connection = True
+                    return
                 commit = (200 <= reply.status < 300) if reply.commit is None else reply.commit
                 answer: dict[str, Any] = dict(reply.extra)
                 if commit:
-                    answer["id"] = downstream._commit(key)
+                    answer["id"] = downstream._commit(key, body)
                 if reply.hold is not None:
                     reply.hold.wait(30)
                 elif reply.delay:
@@ -739,6 +751,10 @@ class Stack:
             # The shared stack sees every test's deliberate wrong tokens from one address;
             # the throttle itself is tested on a receiver of its own.
             AUTH_FAILURE_LIMIT="100000",
+            # A workflow's key is claimable again as soon as its lease ends or it failed: the
+            # tests of the claims API's other rules do not wait out the in-flight rule, which
+            # tests/integration/worker/test_handoffs.py tests on a stack of its own.
+            CLAIMS_IN_FLIGHT_SECONDS="0",
             WEBHOOK_SECRETS=f"signed={WEBHOOK_SECRET}",
             PYTHONPATH=str(ROOT),
         )
@@ -967,6 +983,20 @@ def key_state(stack: Stack, key: str) -> dict[str, Any]:
     assert answer.status_code == 200, answer.text
     body: dict[str, Any] = answer.json()
     return body
+
+
+def replay(stack: Stack, keys: list[str]) -> None:
+    """An operator replays `keys` through the API: a dry run, then its confirmation."""
+    headers = {**AUTH, "X-Operator": "ops-ada"}
+    with stack.client() as client:
+        dry = client.post("/v1/replays", json={"keys": keys}, headers=headers)
+        assert dry.status_code == 200, dry.text
+        done = client.post(
+            "/v1/replays",
+            json={"keys": keys, "dry_run": False, "confirm": dry.json()["confirm"]},
+            headers=headers,
+        )
+    assert done.status_code == 200 and done.json()["to_replay"] == len(keys), done.text
 
 
 def finished(stack: Stack, key: str, timeout: float = 60) -> dict[str, Any]:

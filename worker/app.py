@@ -31,7 +31,7 @@ import structlog
 from celery import Celery, signals
 from sqlalchemy import Engine
 
-from outbox.core import tracing
+from outbox.core import inflight, tracing
 from outbox.core.broker import broker_kind, task_queue, worker_transport_options
 from outbox.core.logs import configure_logging
 from outbox.core.routes import RouteTable, load_routes
@@ -47,7 +47,7 @@ from worker.guard import RouteGuard
 from worker.lease import holder
 from worker.siblings import claim_together
 from worker.slots import Slots, Taken
-from worker.store import KeyStore
+from worker.store import InFlight, KeyStore
 from worker.task_state import DeadLettered, Finished, report
 
 
@@ -66,7 +66,13 @@ class Runtime:
         if store is None:
             with self._lock:  # the threads pool's first tasks arrive together
                 if self._store is None:
-                    self._store = GroupedStore(self._engine(), self.settings.lease_seconds)
+                    lease = self.settings.lease_seconds
+                    acting = self.routes.acting()
+                    self._store = GroupedStore(
+                        self._engine(),
+                        lease,
+                        InFlight(inflight.windows(acting, lease), inflight.largest(acting, lease)),
+                    )
                     self._guard = RouteGuard(self._store)
                 store = self._store
         return store

@@ -38,7 +38,7 @@ from typing import assert_never
 
 import structlog
 
-from outbox.core import contract, keys, tracing
+from outbox.core import contract, inflight, keys, tracing
 from outbox.core.logs import get_logger
 from outbox.core.routes import ActionSettings, RouteTable
 from worker import spare
@@ -65,9 +65,6 @@ from worker.store import Blocked, Claim, Failed, KeyStore
 from worker.task_state import Finished
 
 log = get_logger(__name__)
-
-# An action's time limit when its route sets none, in leases (see ActionSettings.timeout_seconds).
-DEFAULT_TIMEOUT_LEASES = 3
 
 # The jitter of retries and deferrals: one generator per process, seeded anew in each forked
 # child so that prefork children do not draw the same delays (a generator per attempt seeded
@@ -137,7 +134,7 @@ def run_attempt(
     elif (turn := order(store, route, claim)) is not None:
         outcome = turn
     else:
-        limit = route.timeout_seconds or lease_seconds * DEFAULT_TIMEOUT_LEASES
+        limit = inflight.action_limit(route, lease_seconds)
         rng = rng or _RANDOM
         # A trial's time: its action's limit and a lease, after which another key may try.
         admission = guard.admit(route, claim, limit + lease_seconds, rng) if guard else Admitted()
@@ -319,14 +316,18 @@ def _act(
                     None,
                     True,
                 )
-                return after_failure(route, claim, failure, run.reconciled_absent, rng)
+                return after_failure(
+                    route, claim, failure, run.reconciled_absent, rng, lease_seconds
+                )
             if time.monotonic() >= heartbeat.valid_until:
                 heartbeat.give_up("lease_expired_unconfirmed")
     # The action ended: record what it did under the fence, which refuses a lost lease's write.
     if run.result is not None:
         return Succeeded(run.result, run.reconciled)
     assert run.error is not None
-    return after_failure(route, claim, classify(run.error), run.reconciled_absent, rng)
+    return after_failure(
+        route, claim, classify(run.error), run.reconciled_absent, rng, lease_seconds
+    )
 
 
 def _start(run: _Run, route: ActionSettings, ctx: ActionContext, claim: Claim) -> None:
@@ -366,7 +367,7 @@ def _still_held(ctx: ActionContext) -> None:
         raise TransientError("lease_lost", "the lease was lost before the action started")
 
 
-def _failed(failure: Failure, reconciled_absent: bool) -> Failed:
+def _failed(failure: Failure, reconciled_absent: bool, in_flight: float) -> Failed:
     return Failed(
         failure.error_code,
         failure.detail,
@@ -374,6 +375,7 @@ def _failed(failure: Failure, reconciled_absent: bool) -> Failed:
         reconciled_absent,
         failure.status_code,
         failure.transient,
+        in_flight,
     )
 
 
@@ -381,10 +383,10 @@ def _record(store: KeyStore, claim: Claim, outcome: Outcome) -> bool:
     match outcome:
         case Succeeded(result, reconciled):
             return store.succeed(claim, result.result, result.external_ref, reconciled)
-        case RetryLater(failure, delay, absent):
-            return store.schedule_retry(claim, delay, _failed(failure, absent))
-        case DeadLetter(failure, kind, absent):
-            return store.fail_final(claim, kind, _failed(failure, absent))
+        case RetryLater(failure, delay, absent, in_flight):
+            return store.schedule_retry(claim, delay, _failed(failure, absent, in_flight))
+        case DeadLetter(failure, kind, absent, in_flight):
+            return store.fail_final(claim, kind, _failed(failure, absent, in_flight))
         case Deferred(reason, delay, detail, starts_budget):
             return (
                 store.defer(claim, delay, reason, detail, starts_budget=starts_budget) is not None

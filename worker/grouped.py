@@ -34,7 +34,7 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy import Engine
 
 from worker.siblings import claim_keys, succeed_keys
-from worker.store import Blocked, Claim, KeyStore, success_params
+from worker.store import Blocked, Claim, InFlight, KeyStore, success_params
 
 Item = TypeVar("Item")
 Answer = TypeVar("Answer")
@@ -137,8 +137,10 @@ class GroupedStore(KeyStore):
     """The worker's store with claims and successes grouped (`Combiner`); every other step is
     the store's own, one statement per call."""
 
-    def __init__(self, engine: Engine, lease_seconds: float) -> None:
-        super().__init__(engine)
+    def __init__(
+        self, engine: Engine, lease_seconds: float, in_flight: InFlight | None = None
+    ) -> None:
+        super().__init__(engine, in_flight)
         self.lease_seconds = lease_seconds
         self._claims: Combiner[tuple[str, str], Claim | Blocked] = Combiner(
             lambda wanted: KeyStore.claim(self, *wanted, lease_seconds), self._claim_together

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 
+from outbox.core import inflight
 from outbox.core.actions import ActionSettings
 from worker.actions import ActionResult
 from worker.backoff import next_delay
@@ -27,6 +28,8 @@ class RetryLater:
     failure: Failure
     delay: float
     reconciled_absent: bool = False
+    # How long this attempt's unanswered request may still land (`in_flight_after`).
+    in_flight: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class DeadLetter:
     failure: Failure
     kind: str
     reconciled_absent: bool = False
+    in_flight: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -102,9 +106,26 @@ def after_failure(
     failure: Failure,
     reconciled_absent: bool,
     rng: random.Random,
+    lease_seconds: float,
 ) -> Outcome:
     """Retry later within the budget and deadline, wait (spending nothing) when the downstream
-    runs the key already, or dead-letter."""
+    runs the key already, or dead-letter. A retry or a dead letter carries how long this
+    attempt's request may still land; the store keeps the key from everyone until then."""
+    in_flight = in_flight_after(route, failure, lease_seconds)
+    outcome = _after_failure(route, claim, failure, reconciled_absent, rng, in_flight)
+    if isinstance(outcome, RetryLater | DeadLetter):
+        return replace(outcome, in_flight=in_flight)
+    return outcome
+
+
+def _after_failure(
+    route: ActionSettings,
+    claim: Claim,
+    failure: Failure,
+    reconciled_absent: bool,
+    rng: random.Random,
+    in_flight: float,
+) -> Outcome:
     # The deadline runs from the first failure, on the database's clock. A retry (or a
     # server's Retry-After) that would land past it ends the key now rather than later.
     budget_started = claim.first_failed_at or claim.claimed_at
@@ -132,7 +153,7 @@ def after_failure(
         cap=route.backoff_cap_seconds,
         rng=rng,
     )
-    delay = max(delay, in_flight_floor(route, failure))
+    delay = max(delay, in_flight)
     if failure.window_seconds is not None:
         # The last try lands at the window's end, not past it.
         delay = min(delay, failure.window_seconds - spent)
@@ -141,18 +162,19 @@ def after_failure(
     return RetryLater(failure, delay, reconciled_absent)
 
 
-def in_flight_floor(route: ActionSettings, failure: Failure) -> float:
-    """The least wait after a request that got no answer: it may still be on its way.
+def in_flight_after(route: ActionSettings, failure: Failure, lease_seconds: float) -> float:
+    """How long after this failure its request may still land (`outbox.core.inflight`).
 
     A request whose answer never came (a read or write timeout, a dropped connection, the
     action's time limit) can reach the downstream after its attempt has ended: a slow or lossy
-    link delays it, a busy server takes it late. The next attempt looks the key up first and
-    acts again when the lookup finds nothing, so the lookup must come after such a request had
-    the time it was given to land: the route's connect plus read timeout. The backoff alone
-    may retry within milliseconds (full jitter), and a lookup that early made a second effect
-    in the multi-host soak (docs/reliability.md, "Findings of the multi-host soak", 3). An
-    answered failure (a 500) has landed already, and a python action sends no request.
+    link delays it, a busy server takes it late. Whoever looks the key up next acts again when
+    the lookup finds nothing, so no lookup may come before such a request had the time it was
+    given to land: the route's in-flight window. A python action that ran past its limit may
+    still be running; one that raised an uncertain error has ended, and only its margin is
+    kept. An answered failure (a 500) has landed already.
     """
-    if failure.uncertain and failure.status_code is None:
-        return route.action_timeout_seconds
-    return 0.0
+    if not failure.uncertain or failure.status_code is not None:
+        return 0.0
+    if route.action == "python" and failure.error_code != "action_timeout":
+        return route.in_flight_margin_seconds
+    return inflight.window(route, lease_seconds)

@@ -73,6 +73,7 @@ def claim_keys(
             "owners": [owners[key] for key in tokens],
             "owner": None,
             "lease_seconds": lease_seconds,
+            **store.in_flight.params(),
         },
     )
     taken = {row["idempotency_key"]: row for row in rows}
@@ -89,7 +90,7 @@ class Siblings(KeyStore):
     that will never record one."""
 
     def __init__(self, store: KeyStore, claims: Mapping[str, Claim | Blocked]) -> None:
-        super().__init__(store.engine)
+        super().__init__(store.engine, store.in_flight)
         self._claims = dict(claims)
         self._cond = threading.Condition()
         # Claimed keys whose attempt has neither recorded a success nor ended.
@@ -155,6 +156,9 @@ class Siblings(KeyStore):
 
 def succeed_keys(store: KeyStore, successes: Sequence[Mapping[str, Any]]) -> set[str]:
     """Record several successes in one statement (`SUCCEED_KEYS`), each from its `SUCCEED`
-    parameters (`success_params`); the keys whose fence and token still matched."""
-    params = {name: [p[column] for p in successes] for name, column in _COLUMNS.items()}
+    parameters (`success_params`); the keys whose fence and token still matched. In key order:
+    the statement then locks its rows in the order `CLAIM_KEYS` does, so a redelivered copy
+    of the message claiming the same keys queues behind it instead of deadlocking."""
+    ordered = sorted(successes, key=lambda p: str(p["key"]))
+    params = {name: [p[column] for p in ordered] for name, column in _COLUMNS.items()}
     return {row["idempotency_key"] for row in store.all(siblings.SUCCEED_KEYS, params)}

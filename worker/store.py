@@ -105,6 +105,21 @@ class Failed:
     status_code: int | None = None
     # Another attempt might help (a dead letter of a spent budget is logged `transient`).
     transient: bool = True
+    # How long a request of this attempt that got no answer may still land (0: none).
+    in_flight_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """How long a request of each route may still land after its sender gave up on it, as the
+    claim statements read it (`outbox.core.inflight`): a claim's key is not anyone else's
+    before its lease's end plus its route's window. No windows: a store that sends nothing."""
+
+    windows: str = "{}"  # JSON: route label -> seconds
+    default: float = 0.0  # a route not in `windows` (no longer configured)
+
+    def params(self) -> dict[str, Any]:
+        return {"in_flight": self.windows, "in_flight_default": self.default}
 
 
 # A deferral's reason -> its class in the attempt log (a pause is decided by DEFER itself).
@@ -112,10 +127,11 @@ _DEFERRED = {"circuit_open": "deferred_circuit", "in_progress": "deferred_in_pro
 
 
 class KeyStore:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, in_flight: InFlight | None = None) -> None:
         # The worker's engine is in autocommit (`create_sync_engine(autocommit=True)`): then
         # `begin()` adds no round trip. On any other engine each step is its own transaction.
         self.engine = engine
+        self.in_flight = in_flight or InFlight()
 
     def one(self, statement: TextClause, params: dict[str, Any]) -> Mapping[str, Any] | None:
         """Run one statement; its first row, or None when it matched nothing."""
@@ -143,6 +159,7 @@ class KeyStore:
                 "token": token,
                 "owner": owner,
                 "lease_seconds": lease_seconds,
+                **self.in_flight.params(),
             },
         )
         return self.blocked(key) if row is None else claim_of(row, token, owner, sent)
@@ -284,6 +301,7 @@ class KeyStore:
             "error_detail": storable_text(redact(failed.detail))[:MAX_DETAIL_CHARS],
             "uncertain": failed.uncertain,
             "reconciled_absent": failed.reconciled_absent,
+            "in_flight_seconds": failed.in_flight_seconds,
         }
 
 

@@ -102,6 +102,7 @@ def claims_router(
                 ttl_seconds=ttl_seconds,
                 lane=body.lane,
                 version=version,
+                in_flight_seconds=settings.claims_in_flight_seconds,
             )
         )
         bound = log.bind(key=keys.mask_key(body.key), correlation_id=correlation_id)
@@ -277,6 +278,7 @@ def claims_router(
                 retryable=body.retryable,
                 detail=body.detail,
                 effect=body.effect,
+                in_flight_seconds=settings.claims_in_flight_seconds,
             )
         )
         if done is None:

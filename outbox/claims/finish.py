@@ -108,11 +108,13 @@ async def fail(
     retryable: bool,
     detail: str,
     effect: Effect,
+    in_flight_seconds: float = 0.0,
 ) -> Recorded | None:
     """Record a failure (a dead letter when not retryable); None for a stale token.
 
     Unless the workflow says the effect is absent, the key becomes uncertain: the next claim
-    answers `uncertain: true` and the workflow looks before acting again.
+    answers `uncertain: true` and the workflow looks before acting again, once its request
+    can no longer land (`in_flight_seconds`, the in-flight rule).
     """
     params: dict[str, Any] = {
         **attempt_log("failed", error_code=error_code, detail=redact(detail)),
@@ -120,6 +122,7 @@ async def fail(
         "error_detail": redact(detail)[:MAX_DETAIL_CHARS],
         "uncertain": effect == "unknown",
         "reconciled_absent": False,
+        "in_flight_seconds": in_flight_seconds if effect == "unknown" else 0.0,
     }
     if retryable:
         statement, status = lifecycle.SCHEDULE_RETRY, "failed_retryable"

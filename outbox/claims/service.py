@@ -114,9 +114,11 @@ async def claim(
     ttl_seconds: float,
     lane: str | None = None,
     version: lanes.Version | None = None,
+    in_flight_seconds: float = 0.0,
 ) -> ClaimOutcome:
     """Claim `key` for this caller, or say why not. A key with a lane then passes the lane
-    step: it goes, waits (given back), or is superseded."""
+    step: it goes, waits (given back), or is superseded. `in_flight_seconds`: how long after
+    the lease a request of the holder may still land; nobody claims the key before then."""
     token = lifecycle.new_lease_token()
     rank = None if version is None else version.rank
     async with engine.begin() as conn:
@@ -128,6 +130,7 @@ async def claim(
                         "key": key,
                         "token": token,
                         "lease_seconds": lease_seconds,
+                        "in_flight_default": in_flight_seconds,
                         # A key first claimed without a payload is bound to "no payload".
                         "payload_hash": payload_hash or _NO_PAYLOAD_HASH,
                         "payload": json.dumps(payload, ensure_ascii=False, allow_nan=False),
@@ -167,6 +170,7 @@ async def claim(
                         "token": token,
                         "owner": workflow,
                         "lease_seconds": lease_seconds,
+                        "in_flight_default": in_flight_seconds,
                     },
                 )
             )
@@ -212,6 +216,9 @@ async def claim(
         return Superseded(state["superseded_by"], state["correlation_id"])
     if state["status"] in ("failed_final", "quarantined"):
         return Finished(state["status"], state["error_code"])
+    if not state["lease_live"] and state["in_flight_remaining"]:
+        # Its last holder's request may still land: asked back once it can no longer.
+        return InProgress(retry_after=int(state["in_flight_remaining"]))
     return InProgress(busy_retry_after(state["lease_remaining"], state["held_seconds"]))
 
 

@@ -64,6 +64,12 @@ class ActionSettings(BaseModel):
     signing_secret: SecretStr | None = None
     signing_secrets: list[SecretStr] = Field(default_factory=list)
 
+    # Added to a request's connect plus read timeout (or a python action's time limit) for how
+    # long it may still reach the downstream after its attempt gave up on it: a slow link or a
+    # busy server applies it late. No one else may act on the key before that
+    # (docs/architecture.md, "The in-flight rule").
+    in_flight_margin_seconds: float = Field(default=2.0, ge=0, le=600)
+
     # The hard limit of one attempt's action, whatever the action: past it the attempt is
     # uncertain, its lease is given up and its late result is fenced out. Unset: three leases
     # (LEASE_SECONDS x 3), long enough for any call the lease keeper renews for, short enough

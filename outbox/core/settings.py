@@ -141,6 +141,10 @@ class Settings(BaseSettings):
 
     # Keys created through the claims API live this long (like a route's ttl_days).
     claims_ttl_days: float = Field(default=30, gt=0)
+    # How long a workflow's request may still land after its claim's lease ran out, or after
+    # it failed a claim with the effect unknown: no one claims the key again before that (the
+    # in-flight rule). At least the workflow's own request timeout.
+    claims_in_flight_seconds: float = Field(default=30.0, ge=0, le=3600)
 
     # Signed webhooks: per-source HMAC-SHA256 secrets as "source=secret,source2=secret2"
     # (the routes file's [[sources]] tables may set them too, with their own header names).

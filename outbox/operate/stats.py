@@ -153,8 +153,9 @@ def stuck(engine: Engine, older_than_seconds: float, limit: int = 100) -> list[d
 def blocked_lanes(
     engine: Engine, older_than_seconds: float, limit: int = 100
 ) -> list[dict[str, Any]]:
-    """Lanes held by a dead letter whose parked keys have waited longer than
-    `older_than_seconds`: what to replay or discard (the head) to let the lane go on."""
+    """Lanes held by a dead letter (or by an uncertain one, under any mode) whose parked keys
+    have waited longer than `older_than_seconds`: what to replay or discard (the head) to let
+    the lane go on."""
     rows = _untouched(engine, q.BLOCKED_LANES, older_than_seconds, limit)
     return [
         {
@@ -164,6 +165,9 @@ def blocked_lanes(
             "head_status": r["head_status"],
             "head_error_code": r["head_error_code"],
             "head_event_type": r["head_event_type"],
+            # `uncertain`: its effect is unknown, so it holds the lane under every mode until
+            # a replay's lookup answers; `dead_letter`: held by lane_on_failure = "block".
+            "held_by": r["held_by"],
             "dead_letter_id": r["dead_letter_id"],
             "waiting": int(r["waiting"]),
             "blocked_since": iso(r["blocked_since"]),

@@ -166,8 +166,8 @@ def _print_stuck(rows: list[dict[str, Any]], lanes: list[dict[str, Any]], older_
         console.print(terminal.table(headers, (terminal.pick(r, fields) for r in rows)))
     if lanes:
         # Each lane once, with its head: replay or discard the head's dead letter to go on.
-        fields = "route lane head_key head_status head_error_code dead_letter_id waiting"
-        headers = "route,lane,head key,head status,error code,dead letter,waiting behind"
+        fields = "route lane head_key head_status head_error_code held_by dead_letter_id waiting"
+        headers = "route,lane,head key,head status,error code,held by,dead letter,waiting behind"
         options = {"title": "blocked lanes", "title_justify": "left"}
         console.print(terminal.table(headers, (terminal.pick(r, fields) for r in lanes), **options))
 

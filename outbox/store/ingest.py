@@ -65,15 +65,17 @@ RESERVE_FANNED_OUT: TextClause = text(
     -- runs itself), the event, and, per destination, a delivery's key (pending, its route the
     -- destination's name, its lane and rank the destination's) with its outbox row, in ONE
     -- statement. A repeat is counted and answered as by RESERVE_KEY and makes no delivery:
-    -- the event's deliveries exist exactly when its key does.
+    -- the event's deliveries exist exactly when its key does. The event's key remembers the
+    -- destinations (`delivered_to`), beyond its deliveries' own lives.
     WITH reserved AS (
         INSERT INTO idempotency_keys (
             idempotency_key, status, payload_hash, correlation_id, source, event_type, route,
-            workflow_name, execution_id, expires_at
+            workflow_name, execution_id, expires_at, delivered_to
         )
         VALUES (
             :key, 'fanned_out', :payload_hash, :correlation_id, :source, :event_type, :route,
-            :workflow_name, :execution_id, now() + make_interval(secs => :ttl_seconds)
+            :workflow_name, :execution_id, now() + make_interval(secs => :ttl_seconds),
+            CAST(:destinations AS text[])
         )
         {_COUNT_A_REPEAT_OR_STORE_THE_EVENT}, delivered AS (
         INSERT INTO idempotency_keys (
@@ -117,12 +119,15 @@ MISSING_DELIVERIES: TextClause = text(
     """
     -- One page of a fan-out route's events accepted in [:since, :until) that have no delivery
     -- to :destination, in order of acceptance after (:after_at, :after_key): a backfill's walk.
+    -- One delivered once has none when its key was purged after its TTL; the event remembers
+    -- it (`delivered_to`), so it is never delivered again.
     SELECT k.idempotency_key, k.created_at
       FROM idempotency_keys k
      WHERE k.status = 'fanned_out' AND k.route = :route
        AND k.created_at >= :since
        AND (CAST(:until AS timestamptz) IS NULL OR k.created_at < :until)
        AND (k.created_at, k.idempotency_key) > (:after_at, :after_key)
+       AND NOT :destination = ANY(COALESCE(k.delivered_to, '{}'))
        AND NOT EXISTS (SELECT 1 FROM idempotency_keys v
                         WHERE v.event_key = k.idempotency_key AND v.destination = :destination)
      ORDER BY k.created_at, k.idempotency_key
@@ -133,14 +138,17 @@ MISSING_DELIVERIES: TextClause = text(
 ADD_DELIVERIES: TextClause = text(
     """
     -- A delivery to :destination for each of these events (a backfill), with its outbox row,
-    -- in ONE statement. The events' rows are locked first, so the purge cannot take one
-    -- meanwhile; a delivery that exists already (another backfill) is left as it is. Each new
-    -- delivery lives its route's TTL from now.
+    -- in ONE statement. The events' rows are locked first, in key order (two backfills queue
+    -- behind each other instead of deadlocking), so the purge cannot take one meanwhile; a
+    -- delivery that exists already (another backfill), or existed once (the event remembers
+    -- it), is left as it is. Each new delivery lives its route's TTL from now.
     WITH fanned AS (
         SELECT k.idempotency_key, k.payload_hash, k.correlation_id, k.source, k.event_type,
                k.workflow_name, k.execution_id, k.expires_at - k.created_at AS ttl
           FROM idempotency_keys k
          WHERE k.idempotency_key = ANY(:keys) AND k.status = 'fanned_out'
+           AND NOT :destination = ANY(COALESCE(k.delivered_to, '{}'))
+         ORDER BY k.idempotency_key
            FOR UPDATE
     ), delivered AS (
         INSERT INTO idempotency_keys (
@@ -153,6 +161,11 @@ ADD_DELIVERIES: TextClause = text(
           FROM fanned f
         ON CONFLICT (idempotency_key) DO NOTHING
         RETURNING idempotency_key, correlation_id
+    ), remembered AS (
+        UPDATE idempotency_keys k
+           SET delivered_to = array_append(COALESCE(k.delivered_to, '{}'), :destination)
+          FROM fanned f
+         WHERE k.idempotency_key = f.idempotency_key
     ), queued AS (
         INSERT INTO outbox (idempotency_key, task_name, correlation_id)
         SELECT idempotency_key, :task_name, correlation_id FROM delivered

@@ -26,7 +26,7 @@ import secrets
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sqlalchemy import BindParameter, Numeric, String, TextClause, bindparam, text
+from sqlalchemy import Float, TextClause, bindparam, text
 
 from outbox.store import attempts, claiming
 
@@ -123,13 +123,14 @@ CLAIM_NEW_KEY: TextClause = text(
         INSERT INTO idempotency_keys (
             idempotency_key, actor, status, payload_hash, correlation_id, source, event_type,
             route, workflow_name, attempts, fence, lease_token, lease_owner, locked_until,
-            expires_at, lane, lane_rank
+            expires_at, lane, lane_rank, in_flight_until
         )
         VALUES (
             :key, 'workflow', 'processing', :payload_hash, :correlation_id, 'claims', 'claim',
             '(claims)', :workflow, 1, 1, :token, :workflow,
             now() + make_interval(secs => :lease_seconds),
-            now() + make_interval(secs => :ttl_seconds), :lane, CAST(:lane_rank AS numeric)
+            now() + make_interval(secs => :ttl_seconds), :lane, CAST(:lane_rank AS numeric),
+            now() + make_interval(secs => :lease_seconds + :in_flight_default)
         )
         ON CONFLICT (idempotency_key) DO NOTHING
         RETURNING idempotency_key, correlation_id, locked_until, fence, lane
@@ -145,13 +146,7 @@ CLAIM_NEW_KEY: TextClause = text(
            CAST(:version AS text) AS version
       FROM reserved
     """
-)
-
-
-def _any_lane() -> tuple[BindParameter[str], BindParameter[int]]:
-    """`:lane` and `:lane_rank` default to NULL (matches any key), so the worker's claims,
-    which never name a lane, send the statements as before."""
-    return bindparam("lane", None, type_=String), bindparam("lane_rank", None, type_=Numeric)
+).bindparams(bindparam("in_flight_default", 0.0, type_=Float))
 
 
 CLAIM_KEY: TextClause = text(
@@ -182,42 +177,27 @@ CLAIM_KEY: TextClause = text(
     ), {attempts.CLAIMED}
     {claiming.WITH_EVENT}
     """
-).bindparams(*_any_lane())
+).bindparams(*claiming.any_lane(), *claiming.window_binds())
 
-KEY_STATE: TextClause = text(
-    """
-    -- Why a claim was refused: another actor's key, finished (superseded: by which version),
-    -- held (and for how long), or another payload, lane or version. Counts the refusal where
-    -- it happened: a delivery the worker refused (:refused_by 'worker') or a claim the claims
-    -- API refused ('claims').
-    UPDATE idempotency_keys
-       SET blocked_deliveries = blocked_deliveries + CAST(:refused_by = 'worker' AS integer),
-           refused_claims = refused_claims + CAST(:refused_by = 'claims' AS integer)
-     WHERE idempotency_key = :key
-    RETURNING actor, status, correlation_id, result, external_ref, error_code, superseded_by,
-              (CAST(:payload_hash AS text) IS NOT NULL AND payload_hash <> :payload_hash)
-               OR (CAST(:lane AS text) IS NOT NULL AND lane IS DISTINCT FROM :lane)
-               OR (CAST(:lane_rank AS numeric) IS NOT NULL
-                   AND lane_rank IS DISTINCT FROM :lane_rank)
-                  AS payload_differs,
-              locked_until > now() AS lease_live,
-              GREATEST(0, CEIL(EXTRACT(EPOCH FROM locked_until - now()))) AS lease_remaining,
-              -- How long the holder has held it: the claim sets updated_at, renewals do not.
-              CASE WHEN status = 'processing'
-                   THEN GREATEST(0, EXTRACT(EPOCH FROM now() - updated_at)) END AS held_seconds
-    """
-).bindparams(*_any_lane())
+KEY_STATE: TextClause = claiming.KEY_STATE
 
 RENEW_LEASE: TextClause = text(
     """
-    -- Extend the lease only while this holder still holds it (same fence and token).
+    -- Extend the lease only while this holder still holds it (same fence and token); the time
+    -- its requests may still land moves with it.
     UPDATE idempotency_keys
-       SET locked_until = now() + make_interval(secs => :lease_seconds)
+       SET locked_until = now() + make_interval(secs => :lease_seconds),
+           in_flight_until = in_flight_until
+               + (now() + make_interval(secs => :lease_seconds) - locked_until)
      WHERE idempotency_key = :key AND fence = :fence AND lease_token = :token
        AND status = 'processing'
     RETURNING locked_until
     """
 )
+
+# After a failed attempt: until when its last request may land (nothing after an answer).
+_IN_FLIGHT_AFTER = """CASE WHEN :in_flight_seconds > 0
+                          THEN now() + make_interval(secs => :in_flight_seconds) END"""
 
 # A workflow's key keeps the token that finished it, so that the same call repeated (its answer
 # was lost) is confirmed by `FINISHED_BY` instead of refused; the next claim replaces it, and a
@@ -243,7 +223,7 @@ SUCCEED: TextClause = text(
            SET status = 'succeeded', result = CAST(:result AS jsonb),
                external_ref = :external_ref, error_code = NULL, error_detail = NULL,
                uncertain = false, lease_token = {_KEPT_BY_WORKFLOW}, lease_owner = NULL,
-               locked_until = NULL, updated_at = now()
+               locked_until = NULL, in_flight_until = NULL, updated_at = now()
          WHERE idempotency_key = :key AND fence = :fence AND lease_token = :token
            AND status = 'processing'
         RETURNING idempotency_key, attempts, correlation_id
@@ -258,7 +238,8 @@ SCHEDULE_RETRY: TextClause = text(
     -- reconcile found no effect, and added when this outcome is itself uncertain. A worker key
     -- gets the outbox row that brings it back when due, in the same statement (the retry waits
     -- in the database, not in the broker); a workflow key is claimable again at once. The
-    -- attempt goes to the log in the same statement.
+    -- attempt goes to the log in the same statement. A request of this attempt that got no
+    -- answer may land for :in_flight_seconds more: nobody takes the key before that.
     WITH failed AS (
         UPDATE idempotency_keys
            SET status = 'failed_retryable', error_code = :error_code,
@@ -266,7 +247,9 @@ SCHEDULE_RETRY: TextClause = text(
                uncertain = (uncertain AND NOT :reconciled_absent) OR :uncertain,
                lease_token = {_KEPT_BY_WORKFLOW}, lease_owner = NULL, locked_until = NULL,
                first_failed_at = COALESCE(first_failed_at, now()),
-               next_attempt_at = now() + make_interval(secs => :delay_seconds),
+               in_flight_until = {_IN_FLIGHT_AFTER},
+               next_attempt_at = now() + make_interval(
+                   secs => GREATEST(:delay_seconds, :in_flight_seconds)),
                updated_at = now()
          WHERE idempotency_key = :key AND fence = :fence AND lease_token = :token
            AND status = 'processing'
@@ -278,21 +261,22 @@ SCHEDULE_RETRY: TextClause = text(
     ), {attempts.logged("failed")}
     SELECT correlation_id, next_attempt_at FROM failed
     """
-)
+).bindparams(bindparam("in_flight_seconds", 0.0, type_=Float))
 
 FAIL_FINAL: TextClause = text(
     f"""
     -- A permanent failure, a spent budget or a broken contract (:final_status failed_final or
     -- quarantined): the fenced status change and the dead letter an operator will see are one
     -- statement, with the attempt's row in the log. Uncertainty follows the same rule as a
-    -- retry; a replay reads it.
+    -- retry; a replay reads it, and is due no earlier than this attempt's last request may
+    -- land (:in_flight_seconds).
     WITH failed AS (
         UPDATE idempotency_keys
            SET status = :final_status, error_code = :error_code, error_detail = :error_detail,
                uncertain = (uncertain AND NOT :reconciled_absent) OR :uncertain,
                lease_token = {_KEPT_BY_WORKFLOW}, lease_owner = NULL, locked_until = NULL,
                next_attempt_at = NULL, first_failed_at = COALESCE(first_failed_at, now()),
-               updated_at = now()
+               in_flight_until = {_IN_FLIGHT_AFTER}, updated_at = now()
          WHERE idempotency_key = :key AND fence = :fence AND lease_token = :token
            AND status = 'processing'
         RETURNING idempotency_key, attempts, first_failed_at, correlation_id
@@ -305,7 +289,7 @@ FAIL_FINAL: TextClause = text(
     ), {attempts.logged("failed")}
     SELECT correlation_id FROM failed
     """
-)
+).bindparams(bindparam("in_flight_seconds", 0.0, type_=Float))
 
 # A paused route's key is logged as deferred by the pause, whatever reason the worker gave.
 _DEFER_LOGGED = attempts.logged(
@@ -338,6 +322,7 @@ DEFER: TextClause = text(
                error_detail = CASE WHEN held.paused THEN 'the route is paused'
                                    ELSE :error_detail END,
                lease_token = NULL, lease_owner = NULL, locked_until = NULL,
+               in_flight_until = NULL,
                next_attempt_at = CASE WHEN held.paused THEN NULL
                                       ELSE now() + make_interval(secs => :delay_seconds) END,
                first_failed_at = CASE WHEN :starts_budget THEN COALESCE(k.first_failed_at, now())
@@ -385,9 +370,10 @@ RESET_FOR_REPLAY: TextClause = text(
 ENQUEUE_REPLAYED: TextClause = text(
     """
     -- Only worker keys get a delivery: a workflow key replayed is claimable, and its
-    -- workflow claims it.
-    INSERT INTO outbox (idempotency_key, task_name, correlation_id)
-    SELECT idempotency_key, :task_name, correlation_id
+    -- workflow claims it. The delivery is due once the last request of the key can no longer
+    -- land (the in-flight rule), so its lookup comes after it.
+    INSERT INTO outbox (idempotency_key, task_name, correlation_id, available_at)
+    SELECT idempotency_key, :task_name, correlation_id, GREATEST(now(), in_flight_until)
       FROM idempotency_keys WHERE idempotency_key = ANY(:keys) AND actor = 'worker'
     """
 )

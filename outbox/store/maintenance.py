@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from sqlalchemy import TextClause, text
 
+from outbox.store.claiming import LANDED
+
 # -- sweeper ----------------------------------------------------------------------------------
 
 TRY_SWEEPER_LOCK: TextClause = text(
@@ -19,13 +21,13 @@ TRY_SWEEPER_LOCK: TextClause = text(
 )
 
 REDRIVE_EXPIRED_LEASES: TextClause = text(
-    """
+    f"""
     -- Worker keys whose holder stopped renewing (crashed, killed, partitioned): queue a new
     -- delivery (a workflow's expired claim is left to its workflow's next claim).
     -- The next claim takes over the lease with a newer fence and reconciles first. A key with
     -- an unpublished row is left alone, and each re-send since the claim waits twice as long
     -- as the one before (grace, 2x, 4x ... 64x): a queue that is merely slow gets a few copies,
-    -- not one per pass.
+    -- not one per pass. Not before a request of the last holder can no longer land.
     WITH expired AS (
         SELECT k.idempotency_key, k.correlation_id
           FROM idempotency_keys k
@@ -35,6 +37,7 @@ REDRIVE_EXPIRED_LEASES: TextClause = text(
                      max(o.created_at) AS last_queued
                 FROM outbox o WHERE o.idempotency_key = k.idempotency_key) sent
          WHERE k.status = 'processing' AND k.locked_until < now() AND k.actor = 'worker'
+           AND {LANDED}
            AND NOT sent.waiting
            AND (sent.resent = 0
                 OR sent.last_queued < now() - make_interval(
@@ -49,11 +52,13 @@ REDRIVE_EXPIRED_LEASES: TextClause = text(
 )
 
 REDRIVE_STALLED_KEYS: TextClause = text(
-    """
+    f"""
     -- Keys waiting for a delivery whose message was published but never consumed (Redis
     -- restarted or flushed): pending or due for a retry, untouched for the grace period, no
     -- unpublished row, and the last message older than the grace period doubled for each
-    -- re-send since the key's last change (so a slow queue is not flooded with copies).
+    -- re-send since the key's last change (so a slow queue is not flooded with copies). A key
+    -- whose rows the retention pruned was last sent long ago. Not before a request of its
+    -- last attempt can no longer land.
     WITH stalled AS (
         SELECT k.idempotency_key, k.correlation_id
           FROM idempotency_keys k
@@ -70,8 +75,9 @@ REDRIVE_STALLED_KEYS: TextClause = text(
            AND NOT EXISTS (SELECT 1 FROM route_state r WHERE r.route = k.route AND r.paused)
            AND (k.next_attempt_at IS NULL
                 OR k.next_attempt_at < now() - make_interval(secs => :grace_seconds))
+           AND {LANDED}
            AND NOT sent.waiting
-           AND sent.last_published < now() - make_interval(
+           AND COALESCE(sent.last_published, '-infinity') < now() - make_interval(
                    secs => :grace_seconds * power(2, LEAST(GREATEST(sent.queued - 1, 0), 6)))
          LIMIT :limit
            FOR UPDATE OF k SKIP LOCKED
@@ -93,12 +99,12 @@ STATEMENT_TIMEOUT_SECONDS: TextClause = text(
 )
 
 COUNT_PURGEABLE: TextClause = text(
-    """
+    f"""
     -- What PURGE_EXPIRED_KEYS would remove, counted (the same conditions).
     SELECT count(*) FROM idempotency_keys k
      WHERE k.expires_at < now()
        AND k.updated_at + (k.expires_at - k.created_at) < now()
-       AND NOT k.uncertain
+       AND NOT k.uncertain AND {LANDED}
        AND (k.status IN ('succeeded', 'failed_final', 'quarantined', 'superseded')
             OR (k.actor = 'workflow' AND k.status IN ('pending', 'failed_retryable'))
             OR (k.status = 'fanned_out'
@@ -110,7 +116,7 @@ COUNT_PURGEABLE: TextClause = text(
 )
 
 PURGE_EXPIRED_KEYS: TextClause = text(
-    """
+    f"""
     -- Expired keys go with their event, outbox rows and resolved dead letters (cascade), a
     -- bounded batch at a time. A key expires its TTL after its last change (the TTL is
     -- expires_at - created_at, fixed when the key was made; expires_at < now() is implied and
@@ -125,7 +131,7 @@ PURGE_EXPIRED_KEYS: TextClause = text(
         SELECT k.idempotency_key FROM idempotency_keys k
          WHERE k.expires_at < now()
            AND k.updated_at + (k.expires_at - k.created_at) < now()
-           AND NOT k.uncertain
+           AND NOT k.uncertain AND {LANDED}
            AND (k.status IN ('succeeded', 'failed_final', 'quarantined', 'superseded')
                 OR (k.actor = 'workflow' AND k.status IN ('pending', 'failed_retryable'))
                 OR (k.status = 'fanned_out'
@@ -144,7 +150,7 @@ PURGE_EXPIRED_KEYS: TextClause = text(
 )
 
 COUNT_PRUNABLE_OUTBOX: TextClause = text(
-    """
+    f"""
     -- What PRUNE_PUBLISHED_OUTBOX would remove. Rows of keys the purge removes anyway go with
     -- them (cascade), and those of the days it drops whole (:dropping, partition names) with
     -- their day; neither is counted here.
@@ -158,7 +164,7 @@ COUNT_PRUNABLE_OUTBOX: TextClause = text(
             WHERE k.idempotency_key = o.idempotency_key
               AND k.expires_at < now()
               AND k.updated_at + (k.expires_at - k.created_at) < now()
-              AND NOT k.uncertain
+              AND NOT k.uncertain AND {LANDED}
               AND (k.status IN ('succeeded', 'failed_final', 'quarantined', 'superseded')
                    OR (k.actor = 'workflow' AND k.status IN ('pending', 'failed_retryable')))
               AND NOT EXISTS (SELECT 1 FROM dead_letters d

@@ -244,8 +244,9 @@ STUCK_KEYS: TextClause = text(
     """
     -- Keys not finished long after their last change: a worker or broker problem to look at.
     -- A key waiting on a paused route or an open circuit is held on purpose, not stuck; a
-    -- key parked behind a dead letter of its lane waits for an operator, and BLOCKED_LANES
-    -- shows its lane once. Two branches, each through its partial index (waiting keys,
+    -- key parked behind a dead letter of its lane (lane_on_failure block, or under any mode a
+    -- dead letter whose effect is unknown) waits for an operator, and BLOCKED_LANES shows its
+    -- lane once. Two branches, each through its partial index (waiting keys,
     -- processing keys); a parked key's lane is looked at through the lane index.
     SELECT idempotency_key, status, event_type, attempts, updated_at,
            EXTRACT(EPOCH FROM now() - updated_at) AS age_seconds
@@ -261,7 +262,8 @@ STUCK_KEYS: TextClause = text(
                    SELECT 1 FROM lanes l
                      JOIN idempotency_keys h ON h.route = l.route AND h.lane = l.lane
                      JOIN dead_letters d ON d.idempotency_key = h.idempotency_key
-                    WHERE l.route = k.route AND l.lane = k.lane AND l.on_failure = 'block'
+                    WHERE l.route = k.route AND l.lane = k.lane
+                      AND (l.on_failure = 'block' OR h.uncertain)
                       AND h.lane_rank < k.lane_rank
                       AND h.status IN ('failed_final', 'quarantined')
                       AND d.resolution = 'open'))
@@ -277,8 +279,10 @@ STUCK_KEYS: TextClause = text(
 
 BLOCKED_LANES: TextClause = text(
     """
-    -- Lanes held by a dead letter (lane_on_failure block): the lane's oldest unfinished key
-    -- is failed or quarantined with an open dead letter, and keys parked behind it wait. The
+    -- Lanes held by a dead letter (lane_on_failure block, or under any mode one whose effect
+    -- is unknown: it holds its lane until a lookup answers, `held_by` uncertain): the lane's
+    -- oldest unfinished key is failed or quarantined with an open dead letter, and keys
+    -- parked behind it wait. The
     -- lanes come from the keys parked longer than :older_than_seconds (their partial index);
     -- each lane's head and its waiting keys are ranges of the lane index. Read only; the
     -- lanes whose keys have waited longest first, at most :limit.
@@ -291,14 +295,16 @@ BLOCKED_LANES: TextClause = text(
     )
     SELECT p.route, p.lane, h.idempotency_key AS head_key, h.status AS head_status,
            h.error_code AS head_error_code, h.event_type AS head_event_type,
+           CASE WHEN h.uncertain THEN 'uncertain' ELSE 'dead_letter' END AS held_by,
            d.id AS dead_letter_id, d.created_at AS blocked_since, w.waiting, p.waiting_since,
            EXTRACT(EPOCH FROM now() - d.created_at) AS blocked_seconds
       FROM parked p
-      JOIN lanes l ON l.route = p.route AND l.lane = p.lane AND l.on_failure = 'block'
+      JOIN lanes l ON l.route = p.route AND l.lane = p.lane
      CROSS JOIN LATERAL (
            -- The head: the lane's first key in lane order that has not finished (a dead
            -- letter still open holds its key unfinished).
-           SELECT k.idempotency_key, k.status, k.error_code, k.event_type, k.lane_rank
+           SELECT k.idempotency_key, k.status, k.error_code, k.event_type, k.lane_rank,
+                  k.uncertain
              FROM idempotency_keys k
             WHERE k.route = p.route AND k.lane = p.lane
               AND (k.status IN ('pending', 'processing', 'failed_retryable')
@@ -318,6 +324,7 @@ BLOCKED_LANES: TextClause = text(
             WHERE b.route = p.route AND b.lane = p.lane AND b.lane_rank > h.lane_rank
               AND b.status = 'pending' AND b.error_code = 'lane_waiting') w
      WHERE h.status IN ('failed_final', 'quarantined') AND w.waiting > 0
+       AND (l.on_failure = 'block' OR h.uncertain)
      ORDER BY p.waiting_since, p.route, p.lane
      LIMIT :limit
     """

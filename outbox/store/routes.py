@@ -169,6 +169,7 @@ RELEASE_CIRCUIT_HELD: TextClause = text(
     -- their deliveries), while it stays closed. Run until it answers 0; each batch is its own
     -- short statement on an index of just those keys, and an interrupted release leaves the
     -- rest due at the time they were given (a cool-down at most): safe to stop and rerun.
+    -- A key whose last request may still land is due once it can no longer land.
     WITH closed AS (
         SELECT 1 FROM route_state WHERE route = :route AND circuit = 'closed'
     ), held AS (
@@ -181,13 +182,14 @@ RELEASE_CIRCUIT_HELD: TextClause = text(
            FOR UPDATE SKIP LOCKED
     ), released AS (
         UPDATE idempotency_keys k
-           SET next_attempt_at = now(), error_code = 'circuit_closed',
+           SET next_attempt_at = GREATEST(now(), k.in_flight_until),
+               error_code = 'circuit_closed',
                error_detail = 'the route''s circuit closed: due now', updated_at = now()
           FROM held
          WHERE k.idempotency_key = held.idempotency_key
-        RETURNING k.idempotency_key
+        RETURNING k.idempotency_key, k.in_flight_until
     ), moved AS (
-        UPDATE outbox o SET available_at = now()
+        UPDATE outbox o SET available_at = GREATEST(now(), released.in_flight_until)
           FROM released
          WHERE o.idempotency_key = released.idempotency_key AND o.published_at IS NULL
     )
@@ -280,7 +282,7 @@ ENQUEUE_RESUMED: TextClause = text(
     -- earliest accepted first (the relay sends rows in id order), while the route is not
     -- paused again. A queued key leaves the index it was found by, so running this until it
     -- answers 0 queues each held key once, and an interrupted resume is finished by running
-    -- it again.
+    -- it again. A key whose last request may still land is due once it can no longer land.
     WITH running AS (
         SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM route_state WHERE route = :route AND paused)
     ), held AS (
@@ -296,10 +298,11 @@ ENQUEUE_RESUMED: TextClause = text(
            SET error_code = NULL, error_detail = NULL, updated_at = now()
           FROM held
          WHERE k.idempotency_key = held.idempotency_key
-        RETURNING k.idempotency_key, k.correlation_id, k.created_at
+        RETURNING k.idempotency_key, k.correlation_id, k.created_at, k.in_flight_until
     ), queued AS (
-        INSERT INTO outbox (idempotency_key, task_name, correlation_id)
-        SELECT r.idempotency_key, :task_name, r.correlation_id
+        INSERT INTO outbox (idempotency_key, task_name, correlation_id, available_at)
+        SELECT r.idempotency_key, :task_name, r.correlation_id,
+               GREATEST(now(), r.in_flight_until)
           FROM resumed r
          WHERE NOT EXISTS (SELECT 1 FROM outbox o
                             WHERE o.idempotency_key = r.idempotency_key

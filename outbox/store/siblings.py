@@ -47,7 +47,7 @@ CLAIM_KEYS: TextClause = text(
     ), {attempts.CLAIMED}
     {claiming.WITH_EVENT}
     """
-)
+).bindparams(*claiming.window_binds())
 
 SUCCEED_KEYS: TextClause = text(
     f"""
@@ -67,7 +67,8 @@ SUCCEED_KEYS: TextClause = text(
         UPDATE idempotency_keys k
            SET status = 'succeeded', result = o.result, external_ref = o.external_ref,
                error_code = NULL, error_detail = NULL, uncertain = false, lease_token = NULL,
-               lease_owner = NULL, locked_until = NULL, updated_at = now()
+               lease_owner = NULL, locked_until = NULL, in_flight_until = NULL,
+               updated_at = now()
           FROM outcome o
          WHERE k.idempotency_key = o.key AND k.fence = o.fence AND k.lease_token = o.token
            AND k.status = 'processing'

@@ -68,7 +68,8 @@ def test_an_expired_workflow_claim_is_left_to_its_workflow(private_stack: Stack)
     query(
         stack.database_url,
         "UPDATE idempotency_keys SET status = 'processing', fence = 1, attempts = 1,"
-        " locked_until = now() - interval '1 second' WHERE idempotency_key = %s",
+        " locked_until = now() - interval '1 second',"
+        " in_flight_until = NULL WHERE idempotency_key = %s",
         (control,),
     )
     # The sweeper's pass that re-drives the control key also saw the expired claim.
@@ -87,7 +88,8 @@ def test_an_expired_workflow_claim_is_left_to_its_workflow(private_stack: Stack)
 
     query(
         stack.database_url,
-        "UPDATE idempotency_keys SET locked_until = now() - interval '1 second'"
+        "UPDATE idempotency_keys SET locked_until = now() - interval '1 second',"
+        " in_flight_until = NULL"
         " WHERE idempotency_key = 'wf-expired'",
     )
     with stack.client() as client:
@@ -117,7 +119,8 @@ def test_the_worker_refuses_a_workflow_key_delivered_to_it(stack: Stack) -> None
     assert claim(stack, "wf-stray", payload={"x": 1}, lease_seconds=1).status_code == 201
     query(
         stack.database_url,
-        "UPDATE idempotency_keys SET locked_until = now() - interval '1 second';"
+        "UPDATE idempotency_keys SET locked_until = now() - interval '1 second',"
+        " in_flight_until = NULL;"
         " INSERT INTO outbox (idempotency_key, task_name, correlation_id)"
         " VALUES ('wf-stray', 'idem.process', 'c')",
     )

@@ -73,7 +73,9 @@ def test_an_expired_lease_is_reclaimed_by_exactly_one_caller(stack: Stack) -> No
     the old holder's token is refused."""
     old = claim(stack, "stale", payload={"x": 1}).json()["lease_token"]
     query(
-        stack.database_url, "UPDATE idempotency_keys SET locked_until = now() - interval '1 second'"
+        stack.database_url,
+        "UPDATE idempotency_keys SET locked_until = now() - interval '1 second',"
+        " in_flight_until = NULL",
     )
     with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
         answers = list(pool.map(lambda _: claim(stack, "stale", payload={"x": 1}), range(20)))

@@ -68,7 +68,8 @@ def test_a_workflow_key_whose_lease_expired_is_never_purged(stack: Stack, engine
         _age(stack, key, first_claim="40 days", last_change="35 days")
     query(
         stack.database_url,
-        "UPDATE idempotency_keys SET locked_until = now() - interval '1 second'"
+        "UPDATE idempotency_keys SET locked_until = now() - interval '1 second',"
+        " in_flight_until = NULL"
         " WHERE idempotency_key = 'lapsed'",
     )
     assert purge(engine, dry_run=False).expired_keys == 0

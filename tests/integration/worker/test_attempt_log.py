@@ -176,7 +176,8 @@ def test_a_lost_lease_is_logged_by_the_claim_that_takes_the_key_over(own_databas
         assert isinstance(stale, Claim)
         query(
             db,
-            "UPDATE idempotency_keys SET locked_until = now() - interval '1 second'"
+            "UPDATE idempotency_keys SET locked_until = now() - interval '1 second',"
+            " in_flight_until = NULL"
             " WHERE idempotency_key = %s",
             (key,),
         )

@@ -145,7 +145,8 @@ def test_stale_holder_cannot_write_after_its_lease_was_taken_over(own_database: 
 
         query(
             db,
-            "UPDATE idempotency_keys SET locked_until = now() - interval '1 second'"
+            "UPDATE idempotency_keys SET locked_until = now() - interval '1 second',"
+            " in_flight_until = NULL"
             " WHERE idempotency_key = %s",
             (key,),
         )

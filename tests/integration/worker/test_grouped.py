@@ -154,7 +154,8 @@ def test_successes_behind_one_in_flight_are_one_write_each_under_its_own_fence(
     head_claim, stale, other_claim = (plain.claim(k, "w", LEASE) for k in (first, taken, other))
     query(
         db,
-        "UPDATE idempotency_keys SET locked_until = now() - interval '1 second'"
+        "UPDATE idempotency_keys SET locked_until = now() - interval '1 second',"
+        " in_flight_until = NULL"
         " WHERE idempotency_key = %s",
         (taken,),
     )

@@ -20,7 +20,16 @@ import httpx
 import pytest
 
 from outbox.ingest.provider_signatures import sign_shopify, sign_stripe
-from tests.support import AUTH, PROVIDER_SECRETS, Downstream, Reply, Stack, query, wait_until
+from tests.support import (
+    AUTH,
+    PROVIDER_SECRETS,
+    Downstream,
+    Reply,
+    Stack,
+    query,
+    replay,
+    wait_until,
+)
 
 SETTLED = ("succeeded", "superseded", "failed_final")
 
@@ -321,19 +330,6 @@ def test_an_uncertain_older_version_holds_its_lane_until_it_is_certain(
     assert first in downstream.lookups  # reconciled, found, not sent again
 
 
-def _replay(stack: Stack, keys: list[str]) -> None:
-    headers = {**AUTH, "X-Operator": "ops-ada"}
-    with stack.client() as client:
-        dry = client.post("/v1/replays", json={"keys": keys}, headers=headers)
-        assert dry.status_code == 200, dry.text
-        done = client.post(
-            "/v1/replays",
-            json={"keys": keys, "dry_run": False, "confirm": dry.json()["confirm"]},
-            headers=headers,
-        )
-    assert done.status_code == 200 and done.json()["to_replay"] == len(keys), done.text
-
-
 def test_a_dead_letter_blocks_its_lane_until_replayed(
     protected: tuple[Stack, Path], downstream: Downstream
 ) -> None:
@@ -362,7 +358,7 @@ def test_a_dead_letter_blocks_its_lane_until_replayed(
     assert {downstream.effects[k] for k in keys[3:]} == {0}
 
     recorder.refuse.clear()
-    _replay(stack, [keys[2]])
+    replay(stack, [keys[2]])
     wait_until(lambda: _settled(stack, keys) and downstream.effects[keys[5]] == 1, timeout=30)
     assert recorder.applied["acct-1"] == [1, 2, 3, 4, 5, 6]
     assert [downstream.effects[k] for k in keys] == [1] * 6
@@ -456,7 +452,7 @@ def test_a_replayed_old_version_is_superseded_not_applied(
     wait_until(lambda: _settled(stack, [second]), timeout=30)
     recorder.refuse.clear()
     requests = len(downstream.requests)
-    _replay(stack, [first])
+    replay(stack, [first])
     wait_until(lambda: _states(stack, [first])[first][0] == "superseded", timeout=30)
     assert _states(stack, [first])[first] == ("superseded", "2")
     assert len(downstream.requests) == requests

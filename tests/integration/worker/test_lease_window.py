@@ -43,7 +43,8 @@ def test_a_heartbeat_begun_after_its_trust_window_is_given_up_before_anything_ru
     # A claim answered in time is held as before.
     query(
         own_database,
-        "UPDATE idempotency_keys SET status = 'pending' WHERE idempotency_key = %s",
+        "UPDATE idempotency_keys SET status = 'pending', in_flight_until = NULL"
+        " WHERE idempotency_key = %s",
         (key,),
     )
     fresh = store.claim(key, "test", LEASE_SECONDS)
@@ -91,7 +92,8 @@ def test_an_uncertain_key_claimed_past_its_window_sends_neither_lookup_nor_write
     # The same key claimed in time is looked up, then written once.
     query(
         own_database,
-        "UPDATE idempotency_keys SET status = 'pending', locked_until = NULL",
+        "UPDATE idempotency_keys SET status = 'pending', locked_until = NULL,"
+        " in_flight_until = NULL",
     )
     assert run_attempt(KeyStore(worker_engine), routes, key, lease_seconds=LEASE_SECONDS) == (
         "succeeded"

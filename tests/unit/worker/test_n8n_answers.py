@@ -87,10 +87,10 @@ def test_not_registered_retries_within_the_window_and_ends_permanent_past_it() -
     route = _route(kind="n8n", n8n_unregistered_grace_seconds=60, backoff_cap_seconds=300)
     failure = _failure(_answer(404, NOT_REGISTERED), route)
     rng = random.Random(7)
-    inside = after_failure(route, _claim(attempt=6, spent=50), failure, False, rng)
+    inside = after_failure(route, _claim(attempt=6, spent=50), failure, False, rng, 30.0)
     assert isinstance(inside, RetryLater)
     assert inside.delay <= 10
-    past = after_failure(route, _claim(attempt=7, spent=60), failure, False, rng)
+    past = after_failure(route, _claim(attempt=7, spent=60), failure, False, rng, 30.0)
     assert isinstance(past, DeadLetter)
     assert (past.kind, past.failure.transient) == ("permanent", False)
     heard = told(past)
@@ -104,12 +104,12 @@ def test_not_registered_inside_the_window_is_not_ended_by_the_attempt_budget() -
     route = _route(kind="n8n", n8n_unregistered_grace_seconds=300, max_attempts=4)
     failure = _failure(_answer(404, NOT_REGISTERED), route)
     rng = random.Random(7)
-    inside = after_failure(route, _claim(attempt=9, spent=30), failure, False, rng)
+    inside = after_failure(route, _claim(attempt=9, spent=30), failure, False, rng, 30.0)
     assert isinstance(inside, RetryLater)
-    past = after_failure(route, _claim(attempt=40, spent=300), failure, False, rng)
+    past = after_failure(route, _claim(attempt=40, spent=300), failure, False, rng, 30.0)
     assert isinstance(past, DeadLetter) and past.kind == "permanent"
     other = _failure(_answer(503, {"message": "busy"}), route)
-    spent = after_failure(route, _claim(attempt=4, spent=30), other, False, rng)
+    spent = after_failure(route, _claim(attempt=4, spent=30), other, False, rng, 30.0)
     assert isinstance(spent, DeadLetter) and spent.kind == "retries_exhausted"
 
 
@@ -147,10 +147,10 @@ def test_in_progress_defers_unspent_and_ends_at_the_retry_deadline() -> None:
     route = _route(retry_deadline_seconds=100, backoff_cap_seconds=30, max_attempts=1)
     failure = _failure(_answer(409, {"idem": "in_progress", "retry_after": 60}), route)
     rng = random.Random(7)
-    waiting = after_failure(route, _claim(attempt=1), failure, False, rng)
+    waiting = after_failure(route, _claim(attempt=1), failure, False, rng, 30.0)
     assert waiting == Deferred("in_progress", 30, failure.detail, starts_budget=True)
     assert told(waiting) is None
-    ended = after_failure(route, _claim(attempt=1, spent=90), failure, False, rng)
+    ended = after_failure(route, _claim(attempt=1, spent=90), failure, False, rng, 30.0)
     assert isinstance(ended, DeadLetter)
     assert ended.kind == "retries_exhausted"
     assert told(ended) is None
