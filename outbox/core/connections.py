@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import http
+import ipaddress
 from functools import partial
 from typing import Any, cast
 
@@ -54,11 +55,12 @@ class ProxyTrustError(ValueError):
 
 
 def trusted_proxies(settings: Settings) -> str:
-    """FORWARDED_ALLOW_IPS, refused when it trusts every address: then any client can write
-    `X-Forwarded-For: 127.0.0.1` and be served as this machine (loopback-only endpoints, its
-    own throttle count)."""
+    """FORWARDED_ALLOW_IPS, refused when it trusts every address (`*`, or networks that
+    together hold every IPv4 or every IPv6 address: `0.0.0.0/0`, `::/0`, `0/0`, two halves):
+    then any client can write `X-Forwarded-For: 127.0.0.1` and be served as this machine
+    (loopback-only endpoints, its own throttle count)."""
     value = settings.forwarded_allow_ips
-    if "*" in value:
+    if trusts_everyone(value):
         raise ProxyTrustError(
             f"FORWARDED_ALLOW_IPS={value!r} trusts every address, so any client could claim "
             "to be 127.0.0.1; set it to the addresses of the proxies in front of the receiver "
@@ -67,9 +69,32 @@ def trusted_proxies(settings: Settings) -> str:
     return value
 
 
+def trusts_everyone(value: str) -> bool:
+    """Whether the comma-separated addresses and networks of FORWARDED_ALLOW_IPS hold every
+    IPv4 or every IPv6 address (a prefix length of 0 in any spelling counts as all)."""
+    v4: list[ipaddress.IPv4Network] = []
+    v6: list[ipaddress.IPv6Network] = []
+    for entry in filter(None, (part.strip() for part in value.split(","))):
+        prefix = entry.partition("/")[2].strip()
+        if "*" in entry or (prefix.isdigit() and int(prefix) == 0):
+            return True
+        try:
+            network = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            continue  # a host name or a socket path: uvicorn matches it literally
+        if isinstance(network, ipaddress.IPv4Network):
+            v4.append(network)
+        else:
+            v6.append(network)
+    every_v4, every_v6 = ipaddress.IPv4Network("0.0.0.0/0"), ipaddress.IPv6Network("::/0")
+    return list(ipaddress.collapse_addresses(v4)) == [every_v4] or list(
+        ipaddress.collapse_addresses(v6)
+    ) == [every_v6]
+
+
 def server_options(settings: Settings) -> dict[str, Any]:
     """The uvicorn options that bound connections and name the trusted proxies (raises
-    ProxyTrustError for `*`)."""
+    ProxyTrustError when they would trust every address)."""
     protocol = partial(
         BoundedHttpToolsProtocol,
         max_head_bytes=MAX_HEAD_BYTES,

@@ -150,14 +150,18 @@ def test_wrong_tokens_lock_out_their_client_and_never_the_right_token(
             client.cookies.clear()
 
 
-def test_trusting_every_proxy_address_stops_the_start(tmp_path: Path) -> None:
-    """`idem serve` with FORWARDED_ALLOW_IPS=* exits 2 with one line naming the setting,
-    before it binds its port."""
+@pytest.mark.parametrize(
+    "everyone", ["*", "0.0.0.0/0", "::/0", "10.0.0.5, 0/0", "0.0.0.0/1,128.0.0.0/1"]
+)
+def test_trusting_every_proxy_address_stops_the_start(tmp_path: Path, everyone: str) -> None:
+    """`idem serve` with FORWARDED_ALLOW_IPS trusting every address (`*`, or networks that
+    hold every IPv4 or IPv6 address) exits 2 with one line naming the setting, before it binds
+    its port."""
     env = dict(
         os.environ,
         DATABASE_URL="postgresql://nobody@127.0.0.1:1/none",
         REDIS_URL="redis://127.0.0.1:1/0",
-        FORWARDED_ALLOW_IPS="*",
+        FORWARDED_ALLOW_IPS=everyone,
         PYTHONPATH=str(ROOT),
     )
     env.pop("ROUTES_FILE", None)
