@@ -162,6 +162,9 @@ class Settings(BaseSettings):
     replay_secret: str = ""
     # The bearer token of the receiver's /metrics. Unset: /metrics answers loopback clients only.
     metrics_token: str = ""
+    # Flower's basic-auth password (compose hands it to Flower and to the receiver, which checks
+    # it with the other tokens at start; Flower waits for the receiver). Read here only to judge.
+    flower_password: str = ""
     # Wrong bearer tokens and console sign-ins allowed per client address within the window,
     # then that address's wrong ones get 429 until the oldest leaves it (a right one always
     # passes): a handful of typos pass quietly; the tokens' length is what defeats guessing.

@@ -262,6 +262,17 @@ def test_each_service_gets_only_the_secrets_it_uses(services: dict[str, dict[str
     assert "REDIS_PASSWORD" not in _secrets_read(services["migrate"]["environment"])
 
 
+def test_flowers_password_is_judged_before_flower_starts(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """Flower's password reaches the receiver, which judges it with the tokens at start, and
+    Flower waits for a healthy receiver, so a guessable password stops Flower from serving."""
+    flower = services["flower"]
+    assert "${FLOWER_PASSWORD:?" in flower["environment"]["FLOWER_BASIC_AUTH"]
+    assert services["receiver"]["environment"]["FLOWER_PASSWORD"].startswith("${FLOWER_PASSWORD:?")
+    assert flower["depends_on"]["receiver"] == {"condition": "service_healthy"}
+
+
 def test_the_workers_environment_loads_the_example_routes(
     services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
