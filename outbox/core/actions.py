@@ -131,6 +131,10 @@ class ActionSettings(BaseModel):
     # years ahead would supersede every later update of its object. Integer versions have no
     # clock; their lanes belong to their source (outbox/ingest/lanes.py).
     max_version_ahead_seconds: float = Field(default=3600.0, gt=0)
+    # The most of a downstream's answer a worker reads (worker/actions/http.py): 1 MiB holds
+    # any CRM's answer many times over, and 128 attempts in flight then hold at most 128 MiB
+    # of a worker's 1 GB, whatever a hostile or broken downstream sends.
+    max_response_bytes: int = Field(default=1_048_576, ge=1024, le=256 * 1_048_576)
 
     @model_validator(mode="after")
     def _action_has_its_settings(self) -> ActionSettings:
