@@ -89,6 +89,13 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
     """Build the receiver for `settings` (the environment's by default)."""
     settings = settings or get_settings()
     routes = routes or load_routes(settings.routes_file)
+    for label in routes.open_superseding():
+        log.warning(
+            "routes.lanes_per_source",
+            route=label,
+            fix='name the sources that share its objects: sources = ["crm", "erp"]',
+            why="open to any source, so each source's versions supersede its own lanes only",
+        )
     state: dict[str, Any] = {}
 
     def sync_engine() -> Engine:

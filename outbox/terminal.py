@@ -3,7 +3,10 @@
 Settings are loaded and checked once at start (broker, tokens, timing, routes: a wrong value is
 a refusal before anything runs); a refusal is `idem: message` on stderr with exit 2; tables are
 rich tables whose cells are never read as markup; `--json` prints one JSON document on stdout;
-progress goes to stderr. Contexts' commands (`outbox.operate.commands`,
+progress goes to stderr. Text a sender or a workflow wrote (a `fail` detail, a payload, a key)
+reaches the operator's terminal with its control characters written as escapes (`\x1b`,
+`\r`, `\u202e`): an escape sequence in a stored detail cannot clear the screen, colour it,
+hide a link (OSC 8) or rewrite a line. Contexts' commands (`outbox.operate.commands`,
 `outbox.maintenance.commands`, ...) import this module, and `outbox.cli` registers them; no
 command module imports `outbox.cli`, so the entry point has no cycle.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -94,8 +98,31 @@ def pick(item: dict[str, Any], fields: str) -> list[Any]:
     return values
 
 
+# What a terminal acts on: C0 controls but the line break and the tab, DEL, C1 controls (0x9b
+# is a CSI of its own on some terminals) and the bidirectional overrides and isolates, which
+# reorder what is shown.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return {0x0D: "\\r"}.get(code) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def shown(text: str) -> str:
+    """`text` with every character a terminal would act on written as its escape."""
+    return _CONTROLS.sub(_escape, text)
+
+
+def json_text(doc: Any, indent: int = 2) -> str:
+    """A JSON document for the terminal: the characters JSON itself leaves raw (DEL, C1,
+    bidirectional controls) written as \\u escapes, so the text stays valid JSON."""
+    text = json.dumps(doc, indent=indent, ensure_ascii=False, default=str)
+    return _CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def print_json(doc: Any) -> None:
-    typer.echo(json.dumps(doc, indent=2, ensure_ascii=False, default=str))
+    typer.echo(json_text(doc))
 
 
 def console() -> Console:
@@ -105,14 +132,15 @@ def console() -> Console:
 
 
 def table(headers: str, rows: Iterable[Iterable[Any]], **options: Any) -> Table:
-    """A table of comma-separated `headers`; stored text is never read as rich markup."""
+    """A table of comma-separated `headers`; stored text is never read as rich markup and
+    its control characters are shown escaped."""
     from rich.table import Column, Table
     from rich.text import Text
 
     # Folded, not cut short: an id or a key in a narrow terminal must stay whole to be copied.
     table = Table(*(Column(h, overflow="fold") for h in headers.split(",")), **options)
     for row in rows:
-        table.add_row(*(Text("" if value is None else str(value)) for value in row))
+        table.add_row(*(Text("" if value is None else shown(str(value))) for value in row))
     return table
 
 

@@ -10,9 +10,14 @@ The throttle bounds the noise and slows guessing per address: after AUTH_FAILURE
 bearer tokens or console sign-ins from one client address within AUTH_FAILURE_WINDOW_SECONDS,
 that address's wrong credentials are answered 429 with Retry-After (clients that honour it
 stop) until fewer than the limit remain in the window; every wrong one is counted, so an
-address that keeps guessing stays limited. A missing credential is not counted. The count is
-kept in the receiver process (each process counts its own, so N processes allow N times the
-limit), for at most MAX_TRACKED_ADDRESSES addresses.
+address that keeps guessing stays limited. A missing credential is counted as a wrong one: a
+flood of tokenless requests is a flood of refusals like any other. The count is kept in the
+receiver process (each process counts its own, so N processes allow N times the limit), for at
+most MAX_TRACKED_ADDRESSES addresses.
+
+Refusals are logged sampled: one `auth.refused` (and one `auth.throttled`) line per address
+per window, carrying how many refusals it stands for (`refusals`), so no client can fill the
+log however fast it knocks.
 
 The client's address is the connection's, or the one a trusted proxy forwarded (uvicorn's
 FORWARDED_ALLOW_IPS, named proxies only: outbox/core/connections.py), so a lockout is per
@@ -91,6 +96,8 @@ class FailureThrottle:
         self._clock = clock
         self._max_addresses = max_addresses
         self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+        # (address, line) -> when its last line was written and the refusals since.
+        self._told: OrderedDict[tuple[str, str], tuple[float, int]] = OrderedDict()
 
     def _recent(self, address: str, now: float) -> deque[float] | None:
         failures = self._failures.get(address)
@@ -126,6 +133,20 @@ class FailureThrottle:
         failures.append(now)
         return self.retry_after(address) if over else None
 
+    def sampled(self, address: str, line: str) -> int | None:
+        """The refusals a log `line` about `address` stands for when it is due (one line per
+        address and kind per window), or None while it is not: count this one and say
+        nothing."""
+        now = self._clock()
+        last, since = self._told.pop((address, line), (-math.inf, 0))
+        if now - last < self.window:
+            self._told[(address, line)] = (last, since + 1)
+            return None
+        self._told[(address, line)] = (now, 0)
+        while len(self._told) > self._max_addresses:
+            self._told.popitem(last=False)
+        return since + 1
+
 
 def too_many_failures(retry_after: int) -> Problem:
     """The 429 answer to an address that failed too often."""
@@ -141,18 +162,29 @@ def require_bearer(
     request: Request, expected: Tokens, throttle: FailureThrottle, realm: str
 ) -> None:
     """Let the request through only with `Authorization: Bearer <one of expected>`, whatever
-    the throttle says; a wrong token is counted and answered 401, or 429 once its address is
-    past the limit; a missing one is 401 and not counted."""
+    the throttle says; a wrong or missing token is counted and answered 401, or 429 once its
+    address is past the limit; the log lines are sampled per address (module docstring)."""
     given = bearer_token(request.headers.get("authorization"))
     if given is not None and same_token(expected, given):
         return
     address = client_address(request)
-    if given is not None:
-        wait = throttle.failed(address)
-        if wait is not None:
-            log.warning("auth.throttled", client=address, realm=realm, retry_after=wait)
-            raise too_many_failures(wait)
-    log.warning("auth.refused", client=address, realm=realm, token_given=given is not None)
+    wait = throttle.failed(address)
+    if wait is not None:
+        refusals = throttle.sampled(address, "auth.throttled")
+        if refusals is not None:
+            log.warning(
+                "auth.throttled", client=address, realm=realm, retry_after=wait, refusals=refusals
+            )
+        raise too_many_failures(wait)
+    refusals = throttle.sampled(address, "auth.refused")
+    if refusals is not None:
+        log.warning(
+            "auth.refused",
+            client=address,
+            realm=realm,
+            token_given=given is not None,
+            refusals=refusals,
+        )
     raise Problem(
         401,
         "unauthorized",

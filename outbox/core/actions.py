@@ -132,6 +132,15 @@ class ActionSettings(BaseModel):
     versions: Literal["supersede"] | None = None
     version_format: Literal["integer", "timestamp"] = "integer"
     lane_on_failure: Literal["block", "skip"] = "block"
+    # How far ahead of the receiver's clock a timestamp version may be (422 `version_ahead`
+    # past it): an hour is far beyond the clock skew of honest senders, while a version dated
+    # years ahead would supersede every later update of its object. Integer versions have no
+    # clock; their lanes belong to their source (outbox/ingest/lanes.py).
+    max_version_ahead_seconds: float = Field(default=3600.0, gt=0)
+    # The most of a downstream's answer a worker reads (worker/actions/http.py): 1 MiB holds
+    # any CRM's answer many times over, and 128 attempts in flight then hold at most 128 MiB
+    # of a worker's 1 GB, whatever a hostile or broken downstream sends.
+    max_response_bytes: int = Field(default=1_048_576, ge=1024, le=256 * 1_048_576)
 
     @model_validator(mode="after")
     def _action_has_its_settings(self) -> ActionSettings:
@@ -164,8 +173,12 @@ class ActionSettings(BaseModel):
             self.versions is not None
             or "version_format" in self.model_fields_set
             or "lane_on_failure" in self.model_fields_set
+            or "max_version_ahead_seconds" in self.model_fields_set
         ):
-            raise ValueError("`versions`, `version_format` and `lane_on_failure` need `order_by`")
+            raise ValueError(
+                "`versions`, `version_format`, `lane_on_failure` and "
+                "`max_version_ahead_seconds` need `order_by`"
+            )
         if self.circuit_cooldown_cap_seconds < self.circuit_cooldown_seconds:
             raise ValueError("`circuit_cooldown_cap_seconds` must be >= `circuit_cooldown_seconds`")
         return self

@@ -13,6 +13,12 @@ uvicorn's own protocol underneath) enforces three bounds as bytes arrive:
 - **time**: a request's headers must be complete within HEADER_READ_TIMEOUT_SECONDS of its
   first byte (of the connection's opening, for its first request, so a connection that sends
   nothing is bounded too); past it the connection is answered 408 `headers_timeout` and closed;
+- **body**: a request must have sent its whole body within REQUEST_TIMEOUT_SECONDS of its
+  first byte, and while it sends it, at least MIN_BODY_RATE_BYTES a second over each
+  BODY_RATE_WINDOW_SECONDS (the first window is its grace); past either the connection is
+  answered 408 (`request_timeout`, `body_too_slow`) and closed, so a body sent a byte every
+  five seconds holds its connection a window, not for ever (the app, waiting on that body,
+  sees the client gone);
 - **count**: a request on a connection beyond MAX_CONNECTIONS open ones is answered 503
   `server_busy` with Retry-After and its connection closed (uvicorn's `limit_concurrency`,
   answered as a problem document).
@@ -29,6 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import http
+import ipaddress
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
@@ -54,11 +62,12 @@ class ProxyTrustError(ValueError):
 
 
 def trusted_proxies(settings: Settings) -> str:
-    """FORWARDED_ALLOW_IPS, refused when it trusts every address: then any client can write
-    `X-Forwarded-For: 127.0.0.1` and be served as this machine (loopback-only endpoints, its
-    own throttle count)."""
+    """FORWARDED_ALLOW_IPS, refused when it trusts every address (`*`, or networks that
+    together hold every IPv4 or every IPv6 address: `0.0.0.0/0`, `::/0`, `0/0`, two halves):
+    then any client can write `X-Forwarded-For: 127.0.0.1` and be served as this machine
+    (loopback-only endpoints, its own throttle count)."""
     value = settings.forwarded_allow_ips
-    if "*" in value:
+    if trusts_everyone(value):
         raise ProxyTrustError(
             f"FORWARDED_ALLOW_IPS={value!r} trusts every address, so any client could claim "
             "to be 127.0.0.1; set it to the addresses of the proxies in front of the receiver "
@@ -67,14 +76,42 @@ def trusted_proxies(settings: Settings) -> str:
     return value
 
 
+def trusts_everyone(value: str) -> bool:
+    """Whether the comma-separated addresses and networks of FORWARDED_ALLOW_IPS hold every
+    IPv4 or every IPv6 address (a prefix length of 0 in any spelling counts as all)."""
+    v4: list[ipaddress.IPv4Network] = []
+    v6: list[ipaddress.IPv6Network] = []
+    for entry in filter(None, (part.strip() for part in value.split(","))):
+        prefix = entry.partition("/")[2].strip()
+        if "*" in entry or (prefix.isdigit() and int(prefix) == 0):
+            return True
+        try:
+            network = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            continue  # a host name or a socket path: uvicorn matches it literally
+        if isinstance(network, ipaddress.IPv4Network):
+            v4.append(network)
+        else:
+            v6.append(network)
+    every_v4, every_v6 = ipaddress.IPv4Network("0.0.0.0/0"), ipaddress.IPv6Network("::/0")
+    return list(ipaddress.collapse_addresses(v4)) == [every_v4] or list(
+        ipaddress.collapse_addresses(v6)
+    ) == [every_v6]
+
+
 def server_options(settings: Settings) -> dict[str, Any]:
     """The uvicorn options that bound connections and name the trusted proxies (raises
-    ProxyTrustError for `*`)."""
+    ProxyTrustError when they would trust every address)."""
     protocol = partial(
         BoundedHttpToolsProtocol,
         max_head_bytes=MAX_HEAD_BYTES,
         header_read_timeout=settings.header_read_timeout_seconds,
         max_connections=settings.max_connections,
+        body=BodyBounds(
+            settings.request_timeout_seconds,
+            settings.min_body_rate_bytes,
+            settings.body_rate_window_seconds,
+        ),
     )
     return {
         # uvicorn calls the class with its own arguments; a partial adds ours and pickles
@@ -105,6 +142,22 @@ HEADERS_TOO_LARGE = _raw_problem(
 HEADERS_TIMEOUT = _raw_problem(
     Problem(408, "headers_timeout", "The request's headers did not arrive in time.")
 )
+REQUEST_TIMEOUT = _raw_problem(
+    Problem(408, "request_timeout", "The request did not arrive whole in time.")
+)
+BODY_TOO_SLOW = _raw_problem(
+    Problem(408, "body_too_slow", "The request's body arrived too slowly.")
+)
+
+
+@dataclass(frozen=True)
+class BodyBounds:
+    """How long a whole request may take, and how slowly its body may come (the settings
+    REQUEST_TIMEOUT_SECONDS, MIN_BODY_RATE_BYTES, BODY_RATE_WINDOW_SECONDS)."""
+
+    request_timeout: float
+    min_rate: int
+    window: float
 
 
 async def server_busy(scope: Scope, receive: Receive, send: Send) -> None:
@@ -133,11 +186,18 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         max_head_bytes: int,
         header_read_timeout: float,
         max_connections: int,
+        body: BodyBounds,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.max_head_bytes = max_head_bytes
         self.header_read_timeout = header_read_timeout
         self.max_connections = max_connections
+        self.body = body
+        # Between the end of a request's headers and the end of its body: the whole-request
+        # deadline and the rate check, and the body bytes of the current window.
+        self._body_timers: list[asyncio.TimerHandle] = []
+        self._window_bytes = 0
+        self._request_began = 0.0
         self._served_app = self.app
         # Between a request's first byte and the end of its headers; bytes counted meanwhile.
         self._reading_head = False
@@ -152,6 +212,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()
+        self._disarm_body_timers()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -168,6 +229,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._request_began = self.loop.time()
         self._in_request = True
         self._reading_head = True
         self._head_bytes = 0
@@ -181,10 +243,49 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         busy = len(self.connections) > self.max_connections
         self.app = server_busy if busy else self._served_app
         super().on_headers_complete()
+        if self._in_request and not self.transport.is_closing():
+            left = self._request_began + self.body.request_timeout - self.loop.time()
+            self._window_bytes = 0
+            self._body_timers = [
+                self.loop.call_later(max(left, 0), self._refuse_body, REQUEST_TIMEOUT),
+                self.loop.call_later(self.body.window, self._check_rate),
+            ]
+
+    def on_body(self, body: bytes) -> None:
+        self._window_bytes += len(body)
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._in_request = False
+        self._disarm_body_timers()
         super().on_message_complete()
+
+    def _check_rate(self) -> None:
+        """Each window: the body must have grown by the minimum rate, or the request goes. A
+        window in which the server itself stopped reading (the app has not taken what came,
+        uvicorn's flow control) judges nothing."""
+        slow = self._window_bytes < self.body.min_rate * self.body.window
+        if slow and not self.flow.read_paused:
+            self._refuse_body(BODY_TOO_SLOW)
+            return
+        self._window_bytes = 0
+        self._body_timers[1:] = [self.loop.call_later(self.body.window, self._check_rate)]
+
+    def _refuse_body(self, answer: bytes) -> None:
+        """Answer 408 and close, or only close once the app has begun its own answer; the
+        app, waiting on the body, then sees the client gone."""
+        self._disarm_body_timers()
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is None or not cycle.response_started:
+            self.transport.write(answer)
+        self.transport.close()
+
+    def _disarm_body_timers(self) -> None:
+        for timer in self._body_timers:
+            timer.cancel()
+        self._body_timers = []
 
     def _arm_head_timer(self) -> None:
         self._disarm_head_timer()

@@ -81,8 +81,25 @@ NotifyTargets = Annotated[list[NotifyTarget], AfterValidator(_unique_names)]
 """The `[[notify]]` list of a routes file: names unique (a notice names its target)."""
 
 
-def summary(kind: str, facts: dict[str, Any]) -> str:
-    """The one line a person reads (Slack's text, the JSON notice's `text`)."""
+def slack_escaped(value: Any) -> Any:
+    """A copy of a JSON value with `&`, `<` and `>` of every string escaped as Slack asks:
+    `<!channel>`, `<@U…>` and `<https://…|label>` written by an operator or a sender are then
+    shown as text, never turned into a mention or a disguised link."""
+    if isinstance(value, str):
+        return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    if isinstance(value, dict):
+        return {k: slack_escaped(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [slack_escaped(v) for v in value]
+    return value
+
+
+def summary(kind: str, facts: dict[str, Any], *, slack: bool = False) -> str:
+    """The one line a person reads (Slack's text, the JSON notice's `text`). For Slack every
+    fact is escaped first, so only what this function writes itself could be a link or a
+    mention (it writes none today)."""
+    if slack:
+        facts = slack_escaped(facts)
     match kind:
         case "dead_letters":
             counts = ", ".join(

@@ -3,14 +3,15 @@
 Error details may quote a header or a query string; payloads may carry a password or a token.
 Both pass through here before they are stored in a dead letter or shown to an operator. A
 route's URL may carry a credential in its userinfo or its query (`?api_key=${CRM_KEY}`): where
-it is shown, only its host is (`url_host`).
+it is shown, only its host is (`url_host`); where a whole URL must be kept (a trace's
+`url.full`), its userinfo and every query value are masked (`url_masked`).
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 SECRET_NAMES = re.compile(
     r"(?i)^(authorization|proxy-authorization|cookie|set-cookie|x-api-key|api[_-]?key|"
@@ -66,3 +67,21 @@ def url_host(url: str) -> str:
         return "?"
     host = f"[{host}]" if ":" in host else host
     return f"{host}:{port}" if port is not None else host
+
+
+def url_masked(url: str) -> str:
+    """The URL with its userinfo and the value of every query parameter masked (names kept,
+    so a trace still shows which parameters a request had); "?" when it cannot be read."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return "?"
+    netloc = (f"[{host}]" if host and ":" in host else host or "") + (
+        f":{port}" if port is not None else ""
+    )
+    if parts.username is not None or parts.password is not None:
+        netloc = f"{MASK}@{netloc}"
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    query = urlencode([(name, MASK) for name, _ in pairs], safe="[]")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))

@@ -205,6 +205,18 @@ class RouteTable:
         """Every route that acts itself, then every destination: what a worker may run."""
         return [r for r in self.routes if r.fan_out is None] + list(self.destinations.values())
 
+    def open_superseding(self) -> list[str]:
+        """The routes (by label) open to any source whose lanes supersede, themselves or
+        through a fan-out destination: each source's lanes are its own there, so sources
+        that speak of the same objects do not supersede each other's updates until the route
+        names them in `sources`."""
+        return [
+            route.label
+            for route in self.routes
+            if route.sources is None
+            and any(s.versions == "supersede" for s in [route, *self.destinations_of(route)])
+        ]
+
     def destinations_of(self, route: Route) -> list[Destination]:
         """The destinations a fan-out route delivers to, in its order; empty for another."""
         return [self.destinations[name] for name in route.fan_out or ()]

@@ -56,6 +56,15 @@ class Settings(BaseSettings):
     # for the first request): any real client sends them in one packet; a slow sender is
     # cut off instead of holding a connection for as long as it likes.
     header_read_timeout_seconds: float = Field(default=10.0, gt=0)
+    # A request's line, headers and body must all arrive within this long of its first byte
+    # (nginx's client_body_timeout, Envoy's request_timeout): a 1 MiB body needs 18 KiB/s.
+    request_timeout_seconds: float = Field(default=60.0, gt=0)
+    # Once its headers are in, a body must keep arriving at this many bytes a second, judged
+    # over each BODY_RATE_WINDOW_SECONDS (the first window is its grace): a sender trickling a
+    # byte every few seconds is cut off within a window, not at the whole-request deadline.
+    # 1 KiB/s is far below any real client, even on a poor mobile link.
+    min_body_rate_bytes: int = Field(default=1024, ge=0)
+    body_rate_window_seconds: float = Field(default=5.0, gt=0)
     # Open connections served at once per receiver process; a request on one more is answered
     # 503 server_busy. A proxy in front reuses tens of connections; 512 leaves room for the
     # database pool and the logs under a 1 024 open-file limit.
@@ -166,6 +175,9 @@ class Settings(BaseSettings):
     replay_secret: str = ""
     # The bearer token of the receiver's /metrics. Unset: /metrics answers loopback clients only.
     metrics_token: str = ""
+    # Flower's basic-auth password (compose hands it to Flower and to the receiver, which checks
+    # it with the other tokens at start; Flower waits for the receiver). Read here only to judge.
+    flower_password: str = ""
     # Wrong bearer tokens and console sign-ins allowed per client address within the window,
     # then that address's wrong ones get 429 until the oldest leaves it (a right one always
     # passes): a handful of typos pass quietly; the tokens' length is what defeats guessing.

@@ -31,6 +31,7 @@ def configured_tokens(settings: Settings) -> list[tuple[str, str]]:
         ("CLAIMS_TOKEN", settings.claims_token),
         ("METRICS_TOKEN", settings.metrics_token),
         ("REPLAY_SECRET", settings.replay_secret),
+        ("FLOWER_PASSWORD", settings.flower_password),
     ]
 
 
@@ -73,8 +74,8 @@ def check_tokens(tokens: Iterable[tuple[str, str]], webhook_secrets: str = "") -
     if problems:
         raise TokenError(
             "; ".join(problems) + ". Tokens and secrets are 32 characters or more, printable "
-            "ASCII without spaces, with 8 distinct characters at least and no repeated "
-            f"pattern; make one with: {HOW_TO_MAKE_ONE}"
+            "ASCII without spaces, and hard to guess by zxcvbn's estimate (no words, "
+            f"sequences or repeats); make one with: {HOW_TO_MAKE_ONE}"
         )
 
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from outbox.core.logs import get_logger
+from outbox.core.redaction import url_masked
 
 if TYPE_CHECKING:
     import httpx
@@ -320,11 +321,17 @@ def instrument_httpx(client: httpx.Client) -> None:
         return
     from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 
-    HTTPXClientInstrumentor.instrument_client(client, request_hook=_resend_hook)
+    HTTPXClientInstrumentor.instrument_client(client, request_hook=_request_hook)
 
 
-def _resend_hook(span: Span, _: Any) -> None:
+def _request_hook(span: Span, request: Any) -> None:
+    if not span.is_recording():
+        return
+    # A route's URL may hold a credential in its query (`?api_key=…`); the instrumentation
+    # masks the userinfo only, so the span keeps the URL with every query value masked, as
+    # the logs keep no URL at all.
+    span.set_attribute("url.full", url_masked(str(request.url)))
     # Set only on a resend, as the conventions ask (the first request has none).
     resends = _resend_count.get()
-    if resends > 0 and span.is_recording():
+    if resends > 0:
         span.set_attribute("http.request.resend_count", resends)

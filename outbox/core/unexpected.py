@@ -8,6 +8,10 @@ a failed statement its text, which the engines keep to the SQL and the database'
 message (outbox/store/engines.py: no bound parameters, no quoted row), so the failing
 constraint is named without the data. Every expected failure (bad input, an outage) has its
 own handler and never gets this far.
+
+A client that hangs up before its body is read is no defect of the gateway: it is logged at
+info (`request.client_gone`) and answered nothing (there is no one to answer), so the trace's
+server span gets no 500 and no client can fill the error log by hanging up.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import traceback
 
 from sqlalchemy.exc import StatementError
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from outbox.core.logs import get_logger
@@ -23,8 +28,12 @@ from outbox.core.problems import Problem, TrackedSend, problem_response
 log = get_logger(__name__)
 
 
-def unexpected(error: BaseException) -> Problem:
-    """Log `error` in one line and return the 500 to answer it with."""
+def unexpected(error: BaseException) -> Problem | None:
+    """Log `error` in one line and return the 500 to answer it with; None for a client that
+    hung up (logged at info: nothing to answer)."""
+    if isinstance(error, ClientDisconnect):
+        log.info("request.client_gone")
+        return None
     frames = traceback.extract_tb(error.__traceback__)
     where = f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"
     fields = {"error": type(error).__name__, "at": where}
@@ -53,5 +62,5 @@ class UnexpectedErrors:
         except Exception as error:
             problem = unexpected(error)
             # Once the answer has begun, the server can only cut the connection.
-            if not tracked.started:
+            if problem is not None and not tracked.started:
                 await problem_response(problem)(scope, receive, send)

@@ -81,7 +81,14 @@ def event_ingest(
         else:
             key = envelope.derived_key(fold_external_id_case=route.fold_external_id_case)
         version = None if envelope.version is None else str(envelope.version)
-        where = lanes.place(route, envelope.payload, str(envelope.external_id), version)
+        where = lanes.place(
+            route,
+            envelope.payload,
+            str(envelope.external_id),
+            version,
+            source=envelope.normalized_source,
+            shared=route.sources is not None,
+        )
         event = intake.NewEvent(
             key=key,
             payload_hash=envelope.payload_hash(fold_external_id_case=route.fold_external_id_case),
@@ -99,7 +106,13 @@ def event_ingest(
             lane=None if where is None else where.lane,
             lane_rank=None if where is None else where.rank,
             deliveries=fanout.plan(
-                routes, route, key, envelope.payload, str(envelope.external_id), version
+                routes,
+                route,
+                key,
+                envelope.payload,
+                str(envelope.external_id),
+                version,
+                envelope.normalized_source,
             ),
         )
         outcome = await database(intake.accept(engine(), event))

@@ -34,12 +34,20 @@ def plan(
     payload: Any,
     external_id: str,
     version: str | None,
+    source: str,
 ) -> tuple[Delivery, ...]:
     """The event's deliveries, in the route's `fan_out` order; none for a route that acts
     itself. Raises the 422 Problem of a destination that cannot place the event in a lane."""
     planned = []
     for destination in routes.destinations_of(route):
-        where = lanes.place(destination, payload, external_id, version)
+        where = lanes.place(
+            destination,
+            payload,
+            external_id,
+            version,
+            source=source,
+            shared=route.sources is not None,
+        )
         planned.append(
             Delivery(
                 destination=destination.name,

@@ -65,7 +65,10 @@ class Receiver(FastAPI):
             # What no handler answers gets the framework path's last answer (a 500 problem
             # and one log line), not the server's plain text and traceback.
             if handler is None:
-                response = problem_response(unexpected(error))
+                problem = unexpected(error)
+                if problem is None:
+                    return  # the client hung up: no one to answer
+                response = problem_response(problem)
             else:
                 response = await handler(request, error)
         await response(scope, receive, send)

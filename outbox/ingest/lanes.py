@@ -4,11 +4,22 @@ rank there (docs/architecture.md, "Lanes").
 Decided at intake, once, from what the sender sent: a worker only ever compares what was
 stored. An event the route cannot place is refused before anything is stored (422), since an
 ordered route cannot say where it belongs: `lane_missing`, `lane_invalid` (not printable
-text: it is shown to operators), `version_required`, `version_invalid`.
+text: it is shown to operators), `version_required`, `version_invalid`, `version_ahead`.
+
+A lane belongs to its source, as a key does (invariant 17): its stored name is the source's
+namespace, ":" and the value (`webform:customer-7`), so no source can hold up or supersede
+another's updates of an object by sending a huge version for the same id. A route that names
+its `sources` shares lanes among them (the operator said they speak of the same objects): the
+stored name is then the value alone. A timestamp version may be at most the route's
+`max_version_ahead_seconds` ahead of the receiver's clock, so even a shared lane cannot be
+held for a century by one event; integer versions have no clock to compare with, and rest on
+the lane's owner: a source can only ever supersede its own updates, or those of the sources
+the route names together.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +31,8 @@ from outbox.core.versions import VersionInvalid, version_rank
 
 # A lane is an object's id: as long as an external id may be.
 MAX_LANE_CHARS = 1000
+# A timestamp version's rank is microseconds since the epoch (outbox.core.versions).
+MICROSECONDS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -32,9 +45,28 @@ class Place:
 
 
 def place(
-    route: ActionSettings, payload: Any, external_id: str, version: str | None
+    route: ActionSettings,
+    payload: Any,
+    external_id: str,
+    version: str | None,
+    *,
+    source: str,
+    shared: bool,
+    now: float | None = None,
 ) -> Place | None:
-    """The event's place, or None on a route without lanes; raises a 422 Problem."""
+    """The event's place, or None on a route without lanes; raises a 422 Problem. `source` is
+    the normalized source; `shared`: the route names its sources, which then share lanes;
+    `now`: the receiver's clock (seconds since the epoch) that timestamp versions are bounded
+    by."""
+    found = _place(route, payload, external_id, version, time.time() if now is None else now)
+    if found is None or shared:
+        return found
+    return Place(f"{keys.source_namespace(source)}:{found.lane}", found.rank)
+
+
+def _place(
+    route: ActionSettings, payload: Any, external_id: str, version: str | None, now: float
+) -> Place | None:
     if route.order_by is None:
         return None
     if route.order_by == "external_id":
@@ -72,7 +104,7 @@ def place(
             "a `version`. Nothing was stored.",
         )
     try:
-        return Place(lane, version_rank(version, route.version_format))
+        rank = version_rank(version, route.version_format)
     except VersionInvalid as error:
         raise Problem(
             422,
@@ -81,3 +113,14 @@ def place(
             "Nothing was stored.",
             version_format=route.version_format,
         ) from error
+    ahead = route.max_version_ahead_seconds
+    if route.version_format == "timestamp" and rank > (now + ahead) * MICROSECONDS:
+        raise Problem(
+            422,
+            "version_ahead",
+            f"Route {route.label!r} takes versions at most {ahead:g} s ahead of the receiver's "
+            "clock; this one is further ahead, and would supersede every update of its object "
+            "until then. Nothing was stored.",
+            max_version_ahead_seconds=ahead,
+        )
+    return Place(lane, rank)

@@ -112,7 +112,14 @@ def provider_event(
         version = read_field(source.version, document, headers)
     route = admission.route_for(routes, source.key, event_type)
     stored_version = None if version is None else version[: _LIMITS["version"]]
-    where = lanes.place(route, document, external_id[: _LIMITS["external_id"]], stored_version)
+    where = lanes.place(
+        route,
+        document,
+        external_id[: _LIMITS["external_id"]],
+        stored_version,
+        source=source.key,
+        shared=route.sources is not None,
+    )
     key = keys.derive_key(source.key, "webhook", event_id, version)
     stored_external_id = external_id[: _LIMITS["external_id"]]
     event = intake.NewEvent(
@@ -131,7 +138,9 @@ def provider_event(
         contract_violations=tuple(contract.violations(route, document)),
         lane=None if where is None else where.lane,
         lane_rank=None if where is None else where.rank,
-        deliveries=fanout.plan(routes, route, key, document, stored_external_id, stored_version),
+        deliveries=fanout.plan(
+            routes, route, key, document, stored_external_id, stored_version, source.key
+        ),
     )
     return event, route
 

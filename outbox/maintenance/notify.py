@@ -301,7 +301,7 @@ def _send(
 
 def _post(client: httpx.Client, target: NotifyTarget, notice: Any, left: float) -> str | None:
     """Post one notice; None on a 2xx, else a short error code (never the URL or a body)."""
-    text = summary(notice.kind, notice.payload)
+    text = summary(notice.kind, notice.payload, slack=target.format == "slack")
     message_id = f"notice_{notice.id}"
     if target.format == "slack":
         body = {

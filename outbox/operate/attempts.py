@@ -48,7 +48,7 @@ def show_command(
         return _print_deliveries(doc)
     if "event_key" in doc:
         console.print(
-            f"delivery to {doc['destination']} of event {doc['event_key']}",
+            terminal.shown(f"delivery to {doc['destination']} of event {doc['event_key']}"),
             markup=False,
             highlight=False,
         )

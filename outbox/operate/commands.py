@@ -85,8 +85,6 @@ def dlq_list(
 @dlq_app.command("show")
 def dlq_show(dead_letter_id: Id, as_json: AsJson = False) -> None:
     """One dead letter: the event (secrets masked), the last error and the key's history."""
-    from rich.json import JSON
-
     from outbox.operate.deadletters import get_dead_letter
 
     with terminal.engine() as (_, engine):
@@ -107,7 +105,8 @@ def dlq_show(dead_letter_id: Id, as_json: AsJson = False) -> None:
     ]
     console.print(terminal.table("field,value", details, show_header=False, box=None))
     console.print("payload", style="bold")
-    console.print(JSON.from_data(found["payload"], indent=2))
+    # Not rich's JSON, which parses the text again and writes C1 controls back raw.
+    console.print(terminal.json_text(found["payload"]), markup=False)
     fields = "id kind error_code attempts first_failed_at last_failed_at resolution resolved_by"
     headers = "id,kind,error code,attempts,first failed,last failed,resolution,by,resolved"
     history = (terminal.pick(h, f"{fields} resolved_at") for h in found["history"])

@@ -15,7 +15,7 @@ import psycopg
 from tests.chaos import fan_out, plan
 from tests.chaos.client import Answer
 from tests.chaos.crm import GATEWAY, WORKFLOW
-from tests.chaos.plan import Delivery, PlannedEvent
+from tests.chaos.plan import SOURCE, Delivery, PlannedEvent
 from tests.chaos.workflow import Call, Ledger
 from tests.support import libpq
 
@@ -430,7 +430,7 @@ def verify_ordered(
             v.add("duplicate_effect", f"{label}: {n} effects, status {status}")
         if db.dead_letters.get(key):
             v.add("unexpected_dead_letter", f"{label}: {db.dead_letters[key]}")
-        if row["lane"] != event.contact:
+        if row["lane"] != f"{SOURCE}:{event.contact}":
             v.add("ordered_wrong_lane", f"{label}: lane {row['lane']!r}")
         if status == "succeeded":
             if n != 1:

@@ -42,6 +42,9 @@ from tests.chaos import plan
 
 # Past the routes' read timeout (1 s): the worker gives up before the answer comes.
 SLOW_ANSWER_SECONDS = 2.5
+# A write applied late lands this long after it arrived: 0.5-1 s after the client's read
+# timeout (1 s) gave up on it, drawn per key.
+APPLIED_LATE_SECONDS = (1.5, 2.0)
 ACTOR_HEADER = "X-Chaos-Actor"
 # A caught request is answered once its host is cut, or after this long whatever happens (a
 # bound, not a wait: on a loaded machine the cut's iptables commands take a second or more).
@@ -173,12 +176,17 @@ class FakeCrm:
             return True
 
     def _reply(self, key: str, collection: str) -> tuple[int, dict[str, str], bool, float, bool]:
-        """(status, headers, commit, delay, drop) for the next POST of `key`."""
+        """(status, headers, commit, delay, drop) for the next POST of `key`; a write applied
+        late (`plan.APPLIED_LATE`) is held `delay` before its commit, and never answered."""
         behaviour = plan.behaviour_at(self.seed, key, collection)
         with self.lock:
             self.posts[key] += 1
             n = self.posts[key]
         kind = behaviour.kind
+        if kind == plan.APPLIED_LATE and n == 1:
+            low, high = APPLIED_LATE_SECONDS
+            late = low + (high - low) * random.Random(f"{self.seed}:{key}").random()
+            return 201, {}, True, late, True
         if kind == plan.LOST and n == 1:
             return 201, {}, True, 0.0, True
         if kind == plan.SLOW and n == 1:
@@ -298,6 +306,13 @@ class FakeCrm:
                         self._answer(503, {"error": "down"}, {})
                     return
                 status, headers, commit, delay, drop = crm._reply(key, collection)
+                if commit and delay and drop:  # applied late, never answered
+                    with crm.lock:
+                        crm.injected["applied_late"] += 1
+                    time.sleep(delay)
+                    crm._commit(key, collection, body)
+                    self.close_connection = True
+                    return
                 answer: dict[str, Any] = {}
                 if commit:
                     answer["id"] = crm._commit(key, collection, body)

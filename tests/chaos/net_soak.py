@@ -71,6 +71,9 @@ def gateway_env(
         LOG_FORMAT="json",
         LOG_LEVEL="INFO",
         LEASE_SECONDS=str(args.lease_seconds),
+        # A workflow's CRM call gives up after 1 s; a write the CRM applies late lands within
+        # 2 s, a slowed link adds its delay: no claim before then.
+        CLAIMS_IN_FLIGHT_SECONDS="5",
         SWEEP_INTERVAL_SECONDS="0.5",
         SWEEP_GRACE_SECONDS=str(args.sweep_grace),
         RELAY_POLL_SECONDS="0.5",

@@ -41,12 +41,22 @@ UNAVAILABLE = "unavailable"  # 503 + Retry-After (1-2 s) once or twice, no write
 RATE_LIMITED = "rate_limited"  # 429 once, no write; then 201
 INVALID = "invalid"  # 422 every time, never a write: a permanent failure
 SLOW = "slow"  # commit, then answer after the client's read timeout
+# Take the write in, answer nothing, and apply it 0.5-1 s after the client gave up (a busy CRM
+# that acts late): whoever looks the key up before then finds nothing.
+APPLIED_LATE = "applied_late"
 OK = "ok"
-SHARES = ((LOST, 0.10), (UNAVAILABLE, 0.10), (RATE_LIMITED, 0.05), (INVALID, 0.02), (SLOW, 0.05))
+SHARES = (
+    (LOST, 0.10),
+    (UNAVAILABLE, 0.10),
+    (RATE_LIMITED, 0.05),
+    (INVALID, 0.02),
+    (SLOW, 0.05),
+    (APPLIED_LATE, 0.05),
+)
 BEHAVIOURS = (*(name for name, _ in SHARES), OK)
 # Behaviours whose first write is certain to be followed by a lost answer: the next attempt
 # must reconcile (find the effect) rather than write again.
-ANSWER_LOST = frozenset({LOST, SLOW})
+ANSWER_LOST = frozenset({LOST, SLOW, APPLIED_LATE})
 
 # Who acts on an event's key: the gateway's worker (posted to /v1/events) or a workflow that
 # makes the CRM call itself through /v1/claims (tests/chaos/workflow.py).
@@ -62,7 +72,7 @@ CLAIM_LEASE_SECONDS = (3, 5)
 # The first claims events are given keys with these behaviours (and the first OK one is
 # abandoned), so even a short run drives every path of a workflow: complete, retryable and
 # final failure, lost answer, abandon and reclaim.
-CLAIMS_COVERAGE = (INVALID, LOST, SLOW, UNAVAILABLE, RATE_LIMITED, OK)
+CLAIMS_COVERAGE = (INVALID, LOST, SLOW, APPLIED_LATE, UNAVAILABLE, RATE_LIMITED, OK)
 
 
 @dataclass(frozen=True)

@@ -561,6 +561,9 @@ def run(args: argparse.Namespace) -> int:
             LOG_FORMAT="json",
             LOG_LEVEL="INFO",
             LEASE_SECONDS="5",
+            # A workflow's CRM call gives up after 1 s (connect 1 s); a write the CRM applies
+            # late lands within 2 s: no claim before then.
+            CLAIMS_IN_FLIGHT_SECONDS="3",
             SWEEP_INTERVAL_SECONDS="0.5",
             SWEEP_GRACE_SECONDS=str(args.sweep_grace),
             RELAY_POLL_SECONDS="0.5",

@@ -23,6 +23,7 @@ ENV_EXAMPLE = ROOT / ".env.example"
 
 EXPECTED_SERVICES = {
     "proxy",
+    "edge",
     "postgres",
     "redis",
     "migrate",
@@ -260,6 +261,17 @@ def test_each_service_gets_only_the_secrets_it_uses(services: dict[str, dict[str
     worker = services["worker"]["environment"]
     assert not {"OPERATOR_TOKEN", "CLAIMS_TOKEN", "WEBHOOK_SECRETS"} & set(worker)
     assert "REDIS_PASSWORD" not in _secrets_read(services["migrate"]["environment"])
+
+
+def test_flowers_password_is_judged_before_flower_starts(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """Flower's password reaches the receiver, which judges it with the tokens at start, and
+    Flower waits for a healthy receiver, so a guessable password stops Flower from serving."""
+    flower = services["flower"]
+    assert "${FLOWER_PASSWORD:?" in flower["environment"]["FLOWER_BASIC_AUTH"]
+    assert services["receiver"]["environment"]["FLOWER_PASSWORD"].startswith("${FLOWER_PASSWORD:?")
+    assert flower["depends_on"]["receiver"] == {"condition": "service_healthy"}
 
 
 def test_the_workers_environment_loads_the_example_routes(
@@ -503,21 +515,76 @@ def test_only_the_proxy_is_published_beyond_this_host(services: dict[str, dict[s
     assert not _published(services["postgres"]) and not _published(services["redis"])
 
 
+def _members(services: dict[str, dict[str, Any]], network: str) -> set[str]:
+    return {name for name, s in services.items() if network in (s.get("networks") or [])}
+
+
 def test_the_receiver_trusts_x_forwarded_for_from_the_proxy_only(
     compose: dict[str, Any], services: dict[str, dict[str, Any]]
 ) -> None:
     """FORWARDED_ALLOW_IPS is written in the file (not taken from the environment, where `*`
-    could come in) and is exactly the proxy's fixed address on the network it shares with the
-    receiver, a network with a fixed subnet and no other member."""
+    could come in) and is exactly the edge's fixed address on the network it shares with the
+    receiver, a network with a fixed subnet and no other member; the edge believes the
+    X-Forwarded-For of the proxy's fixed address only, on their own network."""
     allowed = services["receiver"]["environment"]["FORWARDED_ALLOW_IPS"]
     assert "$" not in allowed and "*" not in allowed
+    edge_networks = services["edge"]["networks"]
+    assert set(edge_networks) == {"proxy", "edge"}
+    assert edge_networks["edge"]["ipv4_address"] == allowed
+    (subnet,) = [c["subnet"] for c in compose["networks"]["edge"]["ipam"]["config"]]
+    assert ipaddress.ip_address(allowed) in ipaddress.ip_network(subnet)
+    assert _members(services, "edge") == {"edge", "receiver"}
     proxy_networks = services["proxy"]["networks"]
     assert list(proxy_networks) == ["proxy"]
-    assert proxy_networks["proxy"]["ipv4_address"] == allowed
-    (subnet,) = [c["subnet"] for c in compose["networks"]["proxy"]["ipam"]["config"]]
-    assert ipaddress.ip_address(allowed) in ipaddress.ip_network(subnet)
-    members = {name for name, s in services.items() if "proxy" in (s.get("networks") or [])}
-    assert members == {"proxy", "receiver"}
+    assert _members(services, "proxy") == {"proxy", "edge"}
+    edge_conf = (ROOT / "examples" / "nginx-edge.conf").read_text(encoding="utf-8")
+    believed = re.findall(r"^\s*set_real_ip_from\s+([^;]+);", edge_conf, re.MULTILINE)
+    assert believed == [proxy_networks["proxy"]["ipv4_address"]]
+
+
+def test_the_edge_caps_connections_per_client_and_bounds_every_wait(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """The edge (nginx, examples/nginx-edge.conf) allows 64 connections per client address
+    (the address Caddy saw, through real_ip), answers 429 past it, bounds the headers, the body
+    and the answer's sending, takes 1 MiB bodies, and forwards to the receiver only with the
+    client's address in X-Forwarded-For."""
+    edge = services["edge"]
+    mount = next(v for v in edge["volumes"] if isinstance(v, dict) and v["type"] == "bind")
+    assert mount["target"] == "/etc/nginx/nginx.conf" and mount["read_only"] is True
+    conf = (ROOT / "examples" / "nginx-edge.conf").read_text(encoding="utf-8")
+    code = "\n".join(line.split("#", 1)[0].strip() for line in conf.splitlines())
+    for line in (
+        "real_ip_header X-Forwarded-For;",
+        "limit_conn_zone $binary_remote_addr zone=per_client:10m;",
+        "limit_conn per_client 64;",
+        "limit_conn_status 429;",
+        "client_header_timeout 10s;",
+        "client_body_timeout 10s;",
+        "send_timeout 10s;",
+        "client_max_body_size 1m;",
+        "server receiver:8000;",
+        "proxy_set_header X-Forwarded-For $remote_addr;",
+    ):
+        assert f"\n{line}\n" in f"\n{code}\n", line
+    assert code.count("proxy_pass") == 1 and "proxy_pass http://receiver;" in code
+    assert _depends_on(edge)["receiver"]["condition"] == "service_healthy"
+    assert _depends_on(services["proxy"])["edge"]["condition"] == "service_healthy"
+
+
+def test_the_readmes_proxy_example_publishes_the_intake_only() -> None:
+    """Every Caddyfile the README shows forwards only POST /v1/events and /v1/webhooks/* and
+    answers 404 to everything else (the claims, the operator API, the console, /metrics), as
+    docs/security.md says the proxy does."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```caddyfile\n(.*?)```", readme, re.DOTALL)
+    assert blocks
+    for block in blocks:
+        code = "\n".join(line.split("#", 1)[0] for line in block.splitlines())
+        assert re.search(r"@intake \{\s*method POST\s*path /v1/events /v1/webhooks/\*\s*\}", code)
+        assert code.count("reverse_proxy") == 1
+        assert code.index("handle @intake") < code.index("reverse_proxy")
+        assert re.search(r"handle \{\s*respond 404\s*\}", code), block
 
 
 # `*` given as the trusted proxies, in any file a user copies from.
@@ -554,8 +621,9 @@ def test_the_proxy_forwards_the_intake_with_the_clients_address(
     services: dict[str, dict[str, Any]],
 ) -> None:
     """The proxy runs the Caddyfile from examples/: TLS for IDEM_DOMAIN, only POST /v1/events
-    and /v1/webhooks/* forwarded to the receiver, everything else 404; it believes no incoming
-    X-Forwarded-For (no trusted_proxies), so the receiver gets the address Caddy saw."""
+    and /v1/webhooks/* forwarded (to the edge, then the receiver), everything else 404; it
+    believes no incoming X-Forwarded-For (no trusted_proxies), so the edge gets the address
+    Caddy saw."""
     proxy = services["proxy"]
     mount = next(v for v in proxy["volumes"] if isinstance(v, dict) and v["type"] == "bind")
     assert mount["target"] == "/etc/caddy/Caddyfile" and mount["read_only"] is True
@@ -564,11 +632,11 @@ def test_the_proxy_forwards_the_intake_with_the_clients_address(
     code = "\n".join(line.split("#", 1)[0] for line in caddyfile.splitlines())
     assert "{$IDEM_DOMAIN" in code
     assert re.search(r"path /v1/events /v1/webhooks/\*\n", code)
-    assert code.count("reverse_proxy") == 1 and "reverse_proxy receiver:8000" in code
+    assert code.count("reverse_proxy") == 1 and "reverse_proxy edge:8080" in code
     assert "respond 404" in code
     assert "trusted_proxies" not in code and "X-Forwarded-For" not in code
     assert "max_header_size" in code and "read_header" in code
-    assert _depends_on(proxy)["receiver"]["condition"] == "service_healthy"
+    assert _depends_on(proxy)["edge"]["condition"] == "service_healthy"
 
 
 def test_postgres_healthcheck_and_volume(services: dict[str, dict[str, Any]]) -> None:

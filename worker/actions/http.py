@@ -9,6 +9,14 @@ same on every attempt, so the downstream can deduplicate by it; `webhook-timesta
 time, new on every attempt; `webhook-signature` covers exactly the bytes sent, since the
 request is built first and its built body is what is signed. The trace's `traceparent`
 (tracing on) is added after signing, as a header the signature does not cover.
+
+An answer is streamed and read up to the route's `max_response_bytes` (1 MiB by default: a
+CRM's answer is a few KiB), then the connection is cut, so a hostile or broken downstream
+sending 300 MB costs a worker at most that much per attempt in flight. A 2xx cut short is a
+success: the request acted, and acting again would make a second effect; its body is dropped
+(no result stored, no external reference read) and the result says why
+(`"body_dropped": "response_too_large"`). Any other status cut short is judged by its status,
+as a short answer with that status would be.
 """
 
 from __future__ import annotations
@@ -77,7 +85,7 @@ def run(route: ActionSettings, ctx: ActionContext) -> ActionResult:
         ),
     )
     tracing.set_resend_count(ctx.attempt - 1)
-    response = _send(ctx, _signed(route, ctx, request))
+    response = _send(ctx, _signed(route, ctx, request), route.max_response_bytes)
     error = _error(route, response)
     if error is not None:
         raise error
@@ -87,7 +95,7 @@ def run(route: ActionSettings, ctx: ActionContext) -> ActionResult:
         found = resolve_pointer(body, route.external_ref_pointer)
         external_ref = None if found is None else str(found)
     return ActionResult(
-        result={"status_code": response.status_code, "body": _storable(response, body)},
+        result=_result(route, response, body),
         external_ref=external_ref,
     )
 
@@ -108,7 +116,7 @@ def reconcile(route: ActionSettings, ctx: ActionContext) -> ActionResult | None:
             "GET", url, headers=_headers(route, ctx), timeout=_timeout(route)
         ),
     )
-    response = _send(ctx, _signed(route, ctx, request))
+    response = _send(ctx, _signed(route, ctx, request), route.max_response_bytes)
     if response.status_code == 404:
         return None
     error = _error(route, response)
@@ -118,22 +126,67 @@ def reconcile(route: ActionSettings, ctx: ActionContext) -> ActionResult | None:
     pointer = route.reconcile_external_ref_pointer or route.external_ref_pointer
     found = resolve_pointer(body, pointer) if pointer is not None and body is not None else None
     return ActionResult(
-        result={
-            "status_code": response.status_code,
-            "body": _storable(response, body),
-            "reconciled": True,
-        },
+        result={**_result(route, response, body), "reconciled": True},
         external_ref=None if found is None else str(found),
     )
 
 
-def _send(ctx: ActionContext, request: httpx.Request) -> httpx.Response:
+class CutResponse(httpx.Response):
+    """An answer whose body was cut at the route's `max_response_bytes`: its status and
+    headers as sent, the bytes read so far as its content."""
+
+    too_large = True
+
+
+def _send(ctx: ActionContext, request: httpx.Request, max_bytes: int) -> httpx.Response:
     """Send, unless the lease stopped being ours: the last look before a request leaves, for
     the action and the lookup alike (a lookup made after another worker took the key could
-    answer "not found" for an effect that worker is making)."""
+    answer "not found" for an effect that worker is making). The answer's body is read up to
+    `max_bytes` (decoded: one read of a compressed answer may expand past it once), then the
+    connection is closed; a longer one comes back as a CutResponse."""
     if not ctx.lease_held():
         raise TransientError("lease_lost", "the lease was lost before the request was sent")
-    return client().send(request)
+    response = client().send(request, stream=True)
+    content = bytearray()
+    try:
+        for chunk in response.iter_bytes():
+            content += chunk
+            if len(content) > max_bytes:
+                # Held no longer than this frame; the pool drops (resets) a cut connection.
+                return CutResponse(
+                    response.status_code,
+                    headers=_plain(response.headers),
+                    content=bytes(content[:max_bytes]),
+                    request=request,
+                )
+    finally:
+        response.close()
+    return httpx.Response(
+        response.status_code,
+        headers=_plain(response.headers),
+        content=bytes(content),
+        request=request,
+    )
+
+
+def _plain(headers: httpx.Headers) -> httpx.Headers:
+    """The answer's headers for its decoded content: no encoding or length of the wire's."""
+    kept = httpx.Headers(headers)
+    for name in ("content-encoding", "content-length", "transfer-encoding"):
+        kept.pop(name, None)
+    return kept
+
+
+def _result(route: ActionSettings, response: httpx.Response, body: Any) -> dict[str, Any]:
+    """What is stored of a successful answer: its status and, when small enough, its body."""
+    if isinstance(response, CutResponse):
+        return {
+            "status_code": response.status_code,
+            "body": None,
+            "body_dropped": "response_too_large",
+            "max_response_bytes": route.max_response_bytes,
+        }
+    return {"status_code": response.status_code, "body": _storable(response, body)}
 
 
 def _headers(route: ActionSettings, ctx: ActionContext) -> dict[str, str]:
@@ -189,7 +242,7 @@ def _storable(response: httpx.Response, body: Any) -> Any:
 
 
 def _json_body(response: httpx.Response) -> Any:
-    if not response.content:
+    if not response.content or isinstance(response, CutResponse):
         return None
     try:
         return json.loads(response.content)

@@ -2,6 +2,7 @@
 // signature, the claim key, and the answer to the gateway for each claims outcome.
 const test = require('node:test');
 const assert = require('node:assert/strict');
+const { createHash } = require('node:crypto');
 
 const trigger = require('../dist/nodes/IdemTrigger/trigger.js');
 
@@ -83,6 +84,19 @@ test('the claim key is the gateway key under the trigger prefix, hashed when too
 	const long = trigger.claimKeyFor('k'.repeat(250));
 	assert.match(long, /^n8n-trigger:sha256:[0-9a-f]{64}$/);
 	assert.equal(trigger.claimKeyFor('k'.repeat(250)), long);
+});
+
+test('a key that starts like a hashed one is hashed too, so two keys never share a claim', () => {
+	// A source named `sha256` sending `Idempotency-Key: <hex>` has the gateway key
+	// `sha256:<hex>`; written as it is, its claim would be the hashed claim of a long key.
+	const longKey = 'k'.repeat(250);
+	const hex = createHash('sha256').update(longKey, 'utf8').digest('hex');
+	const squatting = trigger.claimKeyFor(`sha256:${hex}`);
+	assert.notEqual(squatting, trigger.claimKeyFor(longKey));
+	assert.match(squatting, /^n8n-trigger:sha256:[0-9a-f]{64}$/);
+	// Claims already held keep their key: a plain key and a long key's hash are unchanged.
+	assert.equal(trigger.claimKeyFor('webform:evt-1'), 'n8n-trigger:webform:evt-1');
+	assert.equal(trigger.claimKeyFor(longKey), `n8n-trigger:sha256:${hex}`);
 });
 
 // ------------------------------------------------------------------ claims outcomes

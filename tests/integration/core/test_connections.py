@@ -5,8 +5,10 @@ a real receiver process (`idem serve`)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import select
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import Stack, wait_until
+from tests.support import Stack, envelope, wait_until
 
 MIB = 1024 * 1024
 
@@ -164,3 +166,104 @@ def test_requests_beyond_the_connection_cap_get_503_until_connections_close(
             return client.get("/healthz").status_code == 200
 
     wait_until(served, timeout=10)
+
+
+def _post_head(length: int) -> bytes:
+    return (
+        f"POST /v1/events HTTP/1.1\r\nHost: idem\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+def _answer_code(sock: socket.socket) -> str | None:
+    """The problem's `error` of what the server sent before it closed, if anything."""
+    sock.setblocking(True)
+    sock.settimeout(5)
+    try:
+        answer = _read_all(sock)
+    except TimeoutError:
+        return None
+    _, _, body = answer.partition(b"\r\n\r\n")
+    return json.loads(body)["error"] if body.startswith(b"{") else None
+
+
+SLOW_BODIES = {
+    "REQUEST_TIMEOUT_SECONDS": "8",
+    "MIN_BODY_RATE_BYTES": "100",
+    "BODY_RATE_WINDOW_SECONDS": "2",
+}
+
+
+@pytest.mark.parametrize("receiver", [SLOW_BODIES], indirect=True)
+def test_trickling_bodies_are_cut_off_while_genuine_events_get_202(receiver: Stack) -> None:
+    """520 connections each declare a 100 000-byte body and send a byte every half second (more
+    than the 512 connections served at once): each is answered 408 `body_too_slow` within its
+    first rate window (or 503 `server_busy` beyond the cap) and closed, while a genuine sender
+    posting events throughout gets each one accepted (202, after waiting out any 503 its
+    Retry-After asks for), and after the cut every event is 202 at the first try."""
+    tricklers = [_open(receiver) for _ in range(520)]
+    for sock in tricklers:
+        sock.sendall(_post_head(100_000) + b"{")
+    accepted: list[int] = []
+    stop = threading.Event()
+
+    def genuine() -> None:
+        with httpx.Client(base_url=receiver.url, timeout=10) as client:
+            n = 0
+            while not stop.is_set():
+                event = envelope(f"slow-body-{n}")
+                while (answer := client.post("/v1/events", json=event)).status_code == 503:
+                    assert answer.json()["error"] == "server_busy"
+                    time.sleep(0.2)
+                accepted.append(answer.status_code)
+                n += 1
+
+    sender = threading.Thread(target=genuine)
+    sender.start()
+    open_ = list(tricklers)
+    codes: list[str | None] = []
+    try:
+        deadline = time.monotonic() + 30
+        while open_ and time.monotonic() < deadline:
+            for sock in list(open_):
+                try:
+                    sock.sendall(b" ")
+                except (BrokenPipeError, ConnectionResetError):
+                    open_.remove(sock)
+                    codes.append(_answer_code(sock))
+            time.sleep(0.5)
+            for sock in [s for s in open_ if not _still_open(s)]:
+                open_.remove(sock)
+                codes.append(None)
+        assert not open_, f"{len(open_)} of 520 trickling connections still open after 30 s"
+        wait_until(lambda: len(accepted) >= 5, timeout=30)
+    finally:
+        stop.set()
+        sender.join(timeout=30)
+        for sock in tricklers:
+            sock.close()
+    assert set(accepted) == {202}, accepted
+    with httpx.Client(base_url=receiver.url, timeout=10) as client:
+        after = [client.post("/v1/events", json=envelope(f"after-{n}")) for n in range(20)]
+    assert [a.status_code for a in after] == [202] * 20
+
+
+@pytest.mark.parametrize("receiver", [SLOW_BODIES], indirect=True)
+def test_a_body_fast_enough_but_never_done_meets_the_request_deadline(receiver: Stack) -> None:
+    """A body sent at 300 bytes a second (above the minimum rate) that never ends is answered
+    408 `request_timeout` once the request is older than REQUEST_TIMEOUT_SECONDS, and closed;
+    a hang-up mid-body on another connection is logged at info, never as a failure."""
+    with _open(receiver) as gone:
+        gone.sendall(_post_head(1000) + b'{"source": ')
+    with _open(receiver) as sock:
+        sock.sendall(_post_head(1_000_000))
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for _ in range(60):
+                sock.sendall(b" " * 150)
+                if select.select([sock], [], [], 0.5)[0]:
+                    break  # the server answered (and closes)
+        received = _read_all(sock)
+    assert b"408" in received.split(b"\r\n", 1)[0], received[:200]
+    assert b'"error":"request_timeout"' in received
+    wait_until(lambda: "request.client_gone" in receiver.logs("receiver"), timeout=10)
+    assert "request.failed" not in receiver.logs("receiver")

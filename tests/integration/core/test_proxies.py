@@ -5,6 +5,7 @@ token, and trusting every address stops the start."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from collections.abc import Iterator
@@ -150,14 +151,44 @@ def test_wrong_tokens_lock_out_their_client_and_never_the_right_token(
             client.cookies.clear()
 
 
-def test_trusting_every_proxy_address_stops_the_start(tmp_path: Path) -> None:
-    """`idem serve` with FORWARDED_ALLOW_IPS=* exits 2 with one line naming the setting,
-    before it binds its port."""
+def test_tokenless_requests_are_throttled_per_address_and_logged_sampled(
+    guarded_behind_proxy: Stack, tokens: dict[str, str]
+) -> None:
+    """Forty requests without a token forwarded for one address: the first ten are 401, the
+    rest 429 with Retry-After; the log says so in one `auth.refused` and one `auth.throttled`
+    line for that address (each with how many refusals it stands for), and the right token
+    from that address and a neighbour's tokenless request are still answered as before."""
+    knocker, neighbour = "203.0.113.7", "203.0.113.8"
+    with _through_proxy(guarded_behind_proxy) as client:
+        answers = [client.get("/v1/stats", headers=_for(knocker)) for _ in range(40)]
+        assert [a.status_code for a in answers] == [401] * 10 + [429] * 30
+        assert answers[-1].json()["error"] == "too_many_failures"
+        assert client.get("/v1/stats", headers=_for(neighbour)).status_code == 401
+        right = client.get("/v1/stats", headers=_for(knocker, tokens["operator"]))
+        assert right.status_code == 200, right.text[:300]
+    lines = [
+        json.loads(line)
+        for line in guarded_behind_proxy.logs("receiver").splitlines()
+        if knocker in line and '"auth.' in line
+    ]
+    assert [(e["event"], e["refusals"]) for e in lines] == [
+        ("auth.refused", 1),
+        ("auth.throttled", 1),
+    ], lines
+
+
+@pytest.mark.parametrize(
+    "everyone", ["*", "0.0.0.0/0", "::/0", "10.0.0.5, 0/0", "0.0.0.0/1,128.0.0.0/1"]
+)
+def test_trusting_every_proxy_address_stops_the_start(tmp_path: Path, everyone: str) -> None:
+    """`idem serve` with FORWARDED_ALLOW_IPS trusting every address (`*`, or networks that
+    hold every IPv4 or IPv6 address) exits 2 with one line naming the setting, before it binds
+    its port."""
     env = dict(
         os.environ,
         DATABASE_URL="postgresql://nobody@127.0.0.1:1/none",
         REDIS_URL="redis://127.0.0.1:1/0",
-        FORWARDED_ALLOW_IPS="*",
+        FORWARDED_ALLOW_IPS=everyone,
         PYTHONPATH=str(ROOT),
     )
     env.pop("ROUTES_FILE", None)

@@ -86,7 +86,7 @@ def test_stuck_lists_the_lane_a_dead_letter_blocks(
     )[0]
     assert {k: lane[k] for k in ("route", "lane", "head_key", "head_status", "waiting")} == {
         "route": "ledger",
-        "lane": "acct-1",
+        "lane": "crm:acct-1",
         "head_key": mask_key(keys[1]),
         "head_status": "failed_final",
         "waiting": 2,
@@ -113,5 +113,5 @@ def test_a_repeat_of_a_superseded_update_names_the_version_that_won(
     assert body["superseded_by"] == "2026-12-01T10:00:00Z"
     with stack.client() as client:
         shown = client.get(f"/v1/events/{older}").json()
-    assert (shown["lane"], shown["superseded_by"]) == ("s1", "2026-12-01T10:00:00Z")
+    assert (shown["lane"], shown["superseded_by"]) == ("crm:s1", "2026-12-01T10:00:00Z")
     assert downstream.effects == {newer: 1}

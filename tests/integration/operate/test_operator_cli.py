@@ -627,3 +627,40 @@ def test_routes_pause_resume_and_stuck_say_what_waits(idem: Idem, own_database: 
     # Queued by the resume just now: no longer held by the route, and not stuck.
     after = idem("stuck", "--older-than", "1m")
     assert after.returncode == 0 and "paused or open routes" not in after.stderr
+
+
+# A `fail` detail as a claims-token holder could write it: an OSC 8 link, a screen clear, a
+# colour, a carriage return that rewrites the line, a C1 CSI and a bidirectional override.
+HOSTILE = (
+    "\x1b]8;;https://evil.example\x1b\\Re-authenticate\x1b]8;;\x1b\\ \x1b[2J\x1b[31mred"
+    "\rfake line \x9b31m \u202eevil"
+)
+
+
+def test_show_and_dlq_show_print_what_senders_wrote_with_its_controls_escaped(
+    own_database: str, idem: Idem
+) -> None:
+    """`idem show` and `idem dlq show` (tables, the payload, `--json`) print no escape
+    sequence, carriage return, C1 control or bidirectional override a sender or a workflow
+    wrote: each is shown as its escape, and `--json` stays JSON that reads back the same."""
+    db = own_database
+    key = add_key(db, "eve", "failed_final", payload={"note": HOSTILE})
+    dead = add_dead_letter(db, key)
+    query(db, "UPDATE dead_letters SET error_detail = %s WHERE id = %s", (HOSTILE, dead))
+    query(
+        db,
+        "INSERT INTO attempts (idempotency_key, attempt, started_at, outcome, error_code, detail)"
+        " VALUES (%s, 1, now(), 'failed', 'workflow_failed', %s)",
+        (key, HOSTILE),
+    )
+    for args in (("show", key), ("dlq", "show", str(dead))):
+        for extra in ((), ("--json",)):
+            shown = idem(*args, *extra)
+            assert shown.returncode == 0, shown.stderr
+            for raw in ("\x1b", "\r", "\x9b", "\u202e"):
+                assert raw not in shown.stdout, (args, extra, raw)
+            assert "Re-authenticate" in shown.stdout
+            if not extra:
+                assert "\\x1b]8;;https://evil.example" in shown.stdout
+    found = ok_json(idem("dlq", "show", str(dead), "--json"))
+    assert found["payload"]["note"] == HOSTILE

@@ -373,7 +373,7 @@ def test_a_lane_is_per_destination(stack: Stack, downstream: Downstream) -> None
     with downstream.lock:
         assert all(downstream.effects[delivery_key(k, "books")] == 1 for k in keys)
     lanes = query(stack.database_url, "SELECT route, lane, applied_version FROM lanes")
-    assert lanes == [("ledger-sync", "acct-7", "6")]
+    assert lanes == [("ledger-sync", "ledger-app:acct-7", "6")]
     superseded = query(
         stack.database_url,
         "SELECT count(*) FROM idempotency_keys WHERE destination = 'ledger-sync'"

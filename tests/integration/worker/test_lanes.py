@@ -34,8 +34,9 @@ from tests.support import (
 SETTLED = ("succeeded", "superseded", "failed_final")
 
 
-def _routes(path: Path, url: str) -> Path:
-    common = f"""action = "http"
+def _common(url: str) -> str:
+    """What every route of these tests shares: the downstream, short timeouts and backoff."""
+    return f"""action = "http"
 url = "{url}/tasks"
 external_ref_pointer = "/id"
 reconcile_url = "{url}/tasks/by-key/{{key}}"
@@ -44,6 +45,10 @@ read_timeout_seconds = 2
 backoff_base_seconds = 0.1
 backoff_cap_seconds = 0.5
 """
+
+
+def _routes(path: Path, url: str) -> Path:
+    common = _common(url)
     path.write_text(
         f"""
 [[routes]]
@@ -272,7 +277,7 @@ def test_shuffled_concurrent_versions_apply_in_increasing_order_one_at_a_time(
     assert query(
         stack.database_url,
         "SELECT lane, applied_version FROM lanes WHERE route = 'contacts' ORDER BY lane",
-    ) == [("c1", "20"), ("c2", "20")]
+    ) == [("crm:c1", "20"), ("crm:c2", "20")]
 
 
 def test_an_older_version_after_a_newer_one_is_superseded_without_a_call(
@@ -577,6 +582,8 @@ def test_provider_webhooks_order_by_their_own_fields(
         ("contact.updated", "v3", {"contact": {"id": "c9"}}, "version_invalid"),
         ("stamped.updated", "2026-12-01 10:00", {"contact": {"id": "c9"}}, "version_invalid"),
         ("stamped.updated", "2026-12-01", {"contact": {"id": "c9"}}, "version_invalid"),
+        # A timestamp further ahead of the receiver's clock than the route's bound (an hour).
+        ("stamped.updated", "2999-01-01T00:00:00Z", {"contact": {"id": "c9"}}, "version_ahead"),
     ],
 )
 def test_an_event_an_ordered_route_cannot_place_is_refused_with_nothing_stored(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from outbox.core.notify import summary
 from outbox.core.routes import RoutesError, load_routes
 from outbox.maintenance.notify import RETRY_BASE_SECONDS, RETRY_CAP_SECONDS, retry_delay
 
@@ -87,3 +88,24 @@ def test_retry_delay_is_full_jitter_doubling_to_the_cap() -> None:
         delays = [retry_delay(tries, rng) for _ in range(200)]
         assert min(delays) >= 0 and max(delays) <= ceiling and max(delays) > ceiling / 2
     assert max(retry_delay(10_000, rng) for _ in range(200)) <= RETRY_CAP_SECONDS
+
+
+def test_slack_text_shows_what_operators_and_senders_wrote_as_text() -> None:
+    """A pause reason with `<!channel>` and a `<url|label>` link, and a key with `&`, reach
+    Slack escaped (`&lt;`, `&gt;`, `&amp;`): no mention, no disguised link. The JSON notice's
+    text keeps them as written."""
+    reason = "<!channel> <https://evil.example|Re-authenticate> & <@U123>"
+    facts = {"route": "crm", "by": "ops<!here>", "reason": reason}
+    text = summary("pause", facts, slack=True)
+    assert "<" not in text and ">" not in text
+    assert (
+        "&lt;!channel&gt; &lt;https://evil.example|Re-authenticate&gt; &amp; &lt;@U123&gt;" in text
+    )
+    assert "ops&lt;!here&gt;" in text
+    assert summary("pause", facts) == f"route crm paused by ops<!here>: {reason}"
+    keys = {
+        "total": 1,
+        "counts": [{"route": "crm", "error_code": "x", "count": 1}],
+        "keys": ["<k>"],
+    }
+    assert summary("dead_letters", keys, slack=True).endswith("first keys: &lt;k&gt;")

@@ -379,3 +379,34 @@ def test_routes_without_sources_leave_the_sources_secrets_unread(
     assert table.sources == {}
     with pytest.raises(RoutesError, match=r"\$\{IDEM_TEST_UNSET_SECRET\}"):
         load_routes(write(tmp_path, UNSET_SOURCE_SECRET))
+
+
+def test_a_superseding_route_open_to_any_source_is_warned_about_at_start(tmp_path: Path) -> None:
+    """The receiver warns at start about each route that supersedes lanes while open to any
+    source, naming the fix (`sources`); a route that names its sources is not warned about."""
+    from structlog.testing import capture_logs
+
+    from outbox.app import create_app
+    from outbox.core.settings import Settings
+
+    path = tmp_path / "routes.toml"
+    path.write_text(
+        '[[routes]]\nmatch = "contact.*"\nname = "contacts"\naction = "noop"\n'
+        'order_by = "/id"\nversions = "supersede"\n\n'
+        '[[routes]]\nmatch = "account.*"\nname = "accounts"\naction = "noop"\n'
+        'order_by = "/id"\nversions = "supersede"\nsources = ["crm", "erp"]\n',
+        encoding="utf-8",
+    )
+    routes = load_routes(path)
+    assert routes.open_superseding() == ["contacts"]
+    with capture_logs() as logs:
+        create_app(Settings(database_url="postgresql://idem@127.0.0.1:1/idem"), routes)
+    warned = [e for e in logs if e["event"] == "routes.lanes_per_source"]
+    assert [(e["log_level"], e["route"]) for e in warned] == [("warning", "contacts")]
+    assert 'sources = ["crm", "erp"]' in warned[0]["fix"]
+
+
+def test_max_version_ahead_needs_order_by() -> None:
+    """`max_version_ahead_seconds` belongs to an ordered route, like `versions`."""
+    with pytest.raises(ValueError, match="max_version_ahead_seconds"):
+        Route(match="x", action="noop", max_version_ahead_seconds=60)

@@ -11,7 +11,8 @@ import pytest
 
 from outbox.core import strength
 from outbox.core.routes import Route, Source
-from outbox.core.tokens import TokenError, check_tokens
+from outbox.core.settings import Settings
+from outbox.core.tokens import TokenError, check_settings, check_tokens
 
 # Made once with `openssl rand -hex 16`, `-hex 32` and `-base64 32`.
 OPENSSL_HEX_16 = "2483433c2ea714f3e48cf63e0fe5bce3"
@@ -38,10 +39,10 @@ REFUSED = [
     ("x" * 31, "shorter than 32 characters"),
     # The issue's token: 31 spaces and one letter.
     (" " * 31 + "a", "a space"),
-    ("a" * 31 + "b", "fewer than 8 distinct characters"),
-    ("changeme" * 4, "fewer than 8 distinct characters"),
-    ("abcdefgh" * 4, "repeats a shorter sequence"),
-    ("password1" * 3 + "passw", "repeats a shorter sequence"),
+    ("a" * 31 + "b", "easy to guess"),
+    ("changeme" * 4, "easy to guess"),
+    ("abcdefgh" * 4, "easy to guess"),
+    ("password1" * 3 + "passw", "easy to guess"),
     (OPENSSL_HEX_16[:16] + " " + OPENSSL_HEX_16[16:], "a space"),
     (OPENSSL_HEX_32 + "\n", "a control character"),
     (OPENSSL_HEX_16 + "\t", "a control character"),
@@ -66,11 +67,29 @@ def test_weak_shapes_are_refused_with_their_reason(value: str, reason: str) -> N
         assert value.strip() not in found
 
 
+# The issue's weak tokens: shapes the former hand-written rules let through.
+GUESSABLE = [
+    "aaaaaaaaaaaaaaaaaaaaaaaaabcdefgh",
+    "Password1Password2Password3Pass!",
+    "0123456789abcdef0123456789abcdeg",
+]
+
+
+@pytest.mark.parametrize("value", GUESSABLE)
+def test_tokens_of_words_runs_and_sequences_are_refused(value: str) -> None:
+    """A run with a sequence at its end, numbered dictionary words and a hex sequence with
+    one digit changed are each refused by the estimator, as a token and as FLOWER_PASSWORD."""
+    found = strength.weakness(value)
+    assert found is not None and "easy to guess" in found and value not in found
+    with pytest.raises(TokenError, match="FLOWER_PASSWORD is easy to guess"):
+        check_settings(Settings(flower_password=value))
+
+
 def test_openssl_hex_16_passes_over_many_draws() -> None:
-    """`openssl rand -hex 16` (what the README's minimum is measured against) passes in 20 000
-    draws: its chance of fewer than 8 distinct hex digits is about 4 in 10^8."""
+    """`openssl rand -hex 16` (what the README's minimum is measured against) passes in 1 000
+    seeded draws and 200 fresh ones (never below 10^27 guesses in 3 000 draws measured)."""
     rng = random.Random(25)
-    for _ in range(20_000):
+    for _ in range(1_000):
         assert strength.weakness("".join(rng.choices("0123456789abcdef", k=32))) is None
     for _ in range(200):
         assert strength.weakness(secrets.token_hex(16)) is None
@@ -84,13 +103,13 @@ def test_openssl_hex_16_passes_over_many_draws() -> None:
         ("whsec_" + base64.b64encode(bytes(range(64))).decode(), None),
         ("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", None),
         ("whsec_c2hvcnQ=", "shorter than 24 bytes"),
-        ("whsec_" + base64.b64encode(bytes(32)).decode(), "fewer than 8 distinct bytes"),
-        ("whsec_" + base64.b64encode(bytes(range(8)) * 4).decode(), "repeats"),
+        ("whsec_" + base64.b64encode(bytes(32)).decode(), "easy to guess"),
+        ("whsec_" + base64.b64encode(bytes(range(8)) * 4).decode(), "easy to guess"),
         ("whsec_not*base64", "not whsec_ followed by base64"),
     ],
 )
 def test_standard_webhooks_secrets_are_judged_on_their_key(secret: str, reason: str | None) -> None:
-    """A Standard Webhooks secret decodes to 24 bytes at least, varied and not repeated."""
+    """A Standard Webhooks secret decodes to 24 bytes at least, hard to guess as hex."""
     found = strength.standard_weakness(secret)
     if reason is None:
         assert found is None
@@ -112,7 +131,7 @@ def test_a_weak_token_or_webhook_secret_is_named_never_quoted() -> None:
             f"weak=a,good={OPENSSL_HEX_32},Other=s3cret-s3cret",
         )
     message = str(refused.value)
-    assert "OPERATOR_TOKEN has fewer than 8 distinct characters" in message
+    assert "OPERATOR_TOKEN is easy to guess" in message
     assert "WEBHOOK_SECRETS (source 'weak')" in message
     assert "WEBHOOK_SECRETS (source 'other')" in message
     assert "CLAIMS_TOKEN" not in message and "METRICS_TOKEN" not in message
@@ -138,14 +157,14 @@ def test_a_routes_file_source_with_a_weak_secret_is_refused(scheme: str) -> None
 
 
 def test_a_weak_route_signing_secret_is_refused() -> None:
-    """A route's `signing_secret` is a Standard Webhooks key of 24 varied bytes at least."""
+    """A route's `signing_secret` is a Standard Webhooks key of 24 bytes hard to guess."""
     weak = "whsec_" + base64.b64encode(b"\x01" * 32).decode()
-    with pytest.raises(ValueError, match="route 'crm': a `signing_secret` has fewer than 8"):
+    with pytest.raises(ValueError, match="route 'crm': a `signing_secret` is easy to guess"):
         Route(match="crm.*", name="crm", action="http", url="http://crm", signing_secret=weak)
 
 
 def test_a_random_printable_string_of_32_passes() -> None:
     """Any 32 characters drawn at random from the printable ASCII set pass."""
     alphabet = string.ascii_letters + string.digits + string.punctuation
-    for _ in range(1000):
+    for _ in range(300):
         assert strength.weakness("".join(secrets.choice(alphabet) for _ in range(32))) is None

@@ -82,3 +82,23 @@ def test_a_stored_context_is_read_back_as_trace_context_only(
 def test_event_paths_are_named_by_their_route(path: str, route: str | None) -> None:
     """The server span of an event path is named after its route, never its raw path."""
     assert event_route(path) == route
+
+
+def test_a_route_urls_query_credential_never_reaches_a_client_span() -> None:
+    """The worker's HTTP client span keeps the route's URL with its userinfo and every query
+    value masked: `?api_key=…` stays out of `url.full` (a real SDK, console exporter, the
+    request answered in-process)."""
+    code = (
+        "import httpx; from outbox.core import tracing; tracing.setup('test'); "
+        "client = httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(204))); "
+        "tracing.instrument_httpx(client); "
+        "client.post('https://ops:pw-77@crm.example/v1/leads?api_key=key-SECRET-1&x=2'); "
+        "tracing.shutdown()"
+    )
+    env = {"OTEL_TRACES_EXPORTER": "console", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"url.full": "https://[redacted]@crm.example/v1/leads?api_key=' in done.stdout
+    assert "key-SECRET-1" not in done.stdout and "pw-77" not in done.stdout

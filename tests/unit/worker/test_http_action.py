@@ -9,7 +9,9 @@ import hmac
 import json
 import os
 import socket
+import threading
 import time
+import tracemalloc
 from typing import Any
 
 import httpx
@@ -179,3 +181,73 @@ def test_no_request_leaves_once_the_lease_is_not_held(
     http.run(route, held)
     http.reconcile(route, held)
     assert [r.method for r in seen] == ["POST", "GET"]
+
+
+class _Flood:
+    """A downstream that answers `status` with a declared body of `total` bytes, sent in
+    64 KiB writes for as long as the client reads; `sent` counts what left before the client
+    cut the connection."""
+
+    def __init__(self, status: int, total: int) -> None:
+        self.status, self.total, self.sent = status, total, 0
+        self.done = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        with conn:
+            conn.recv(65_536)
+            head = f"HTTP/1.1 {self.status} X\r\nContent-Length: {self.total}\r\n\r\n"
+            conn.sendall(head.encode())
+            chunk = b"x" * 65_536
+            try:
+                while self.sent < self.total:
+                    conn.sendall(chunk)
+                    self.sent += len(chunk)
+            except OSError:
+                pass  # the client cut the connection: what a bounded read does
+        self.done.set()
+        self.listener.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "error_code"), [(200, None), (500, "http_500"), (404, "http_404")]
+)
+def test_a_huge_answer_is_read_up_to_the_cap_and_judged_by_its_status(
+    status: int, error_code: str | None
+) -> None:
+    """A 300 MB answer is read up to the route's `max_response_bytes` (64 KiB here), then the
+    connection is cut: the downstream got to send a small part of it (the socket buffers), the
+    worker's peak allocation stays far below it, a 2xx is a success with its body dropped, and
+    any other status is judged by its status."""
+    flood = _Flood(status, 300 * 1024 * 1024)
+    route = Route(
+        match="crm.*",
+        action="http",
+        url=f"http://127.0.0.1:{flood.port}/tasks",
+        external_ref_pointer="/id",
+        max_response_bytes=65_536,
+    )
+    tracemalloc.start()
+    try:
+        if error_code is None:
+            done = http.run(route, _context("c-1"))
+            assert done.external_ref is None
+            assert done.result == {
+                "status_code": 200,
+                "body": None,
+                "body_dropped": "response_too_large",
+                "max_response_bytes": 65_536,
+            }
+        else:
+            with pytest.raises(Exception) as raised:
+                http.run(route, _context("c-1"))
+            assert classify(raised.value).error_code == error_code
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert flood.done.wait(30)
+    assert flood.sent < 64 * 1024 * 1024, flood.sent
+    assert peak < 16 * 1024 * 1024, peak

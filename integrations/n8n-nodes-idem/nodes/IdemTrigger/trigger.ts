@@ -102,15 +102,22 @@ export function verifyDelivery(
 	return { ok: false, reason: 'no signature matches' };
 }
 
+/** What follows the prefix in a hashed claim key, and in no key written as it is. */
+export const HASHED_MARK = 'sha256:';
+
 /**
  * The claim key of a delivery: the gateway's key (`webhook-id`) under a prefix of its own, so
- * the claims API does not answer `not_a_claim_key` (the gateway's key belongs to its event); a
- * key too long for the prefix is hashed.
+ * the claims API does not answer `not_a_claim_key` (the gateway's key belongs to its event).
+ * A key too long for the prefix, or not printable ASCII, is hashed: `n8n-trigger:sha256:<hex>`.
+ * So is a key that itself starts with `sha256:` (a source named `sha256` sending its own
+ * `Idempotency-Key`), so a key written as it is never reads as a hashed one and two gateway
+ * keys never share a claim. Every other key's claim is what it was, hashed ones included.
  */
 export function claimKeyFor(webhookId: string): string {
 	const key = `${CLAIM_KEY_PREFIX}${webhookId}`;
-	if (key.length <= MAX_KEY_LENGTH && /^[\x21-\x7e]+$/.test(key)) return key;
-	return `${CLAIM_KEY_PREFIX}sha256:${createHash('sha256').update(webhookId, 'utf8').digest('hex')}`;
+	const plain = key.length <= MAX_KEY_LENGTH && /^[\x21-\x7e]+$/.test(key);
+	if (plain && !webhookId.startsWith(HASHED_MARK)) return key;
+	return `${CLAIM_KEY_PREFIX}${HASHED_MARK}${createHash('sha256').update(webhookId, 'utf8').digest('hex')}`;
 }
 
 export interface Reply {
