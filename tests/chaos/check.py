@@ -412,7 +412,7 @@ def verify_ordered(
                 "ordered_last_not_highest",
                 f"{contact}: applied {versions}, highest sent {highest}",
             )
-        remembered = db.lanes.get((route, contact))
+        remembered = db.lanes.get((route, f"{SOURCE}:{contact}"))
         if remembered != str(highest):
             v.add(
                 "ordered_lane_not_at_highest",
