@@ -15,6 +15,9 @@ One fencing scheme for both: a claim bumps `fence` and stores a fresh random `le
 (128 bits or more). Every later write names both in the same WHERE and reports whether a row
 matched; a stale holder, or anyone who guessed a number, changes nothing.
 
+"It may still land" (`in_flight_until`) is one too: until then no statement here makes the key
+someone else's (`claiming.LANDED`; docs/architecture.md, "The in-flight rule").
+
 "It may have happened" (`uncertain`) is a fact on the key: set by a reclaim of an expired lease
 and by every uncertain outcome, kept by every later failure, cleared only by a success or by a
 reconcile that found no effect. The next holder reads it at claim and looks before acting.
