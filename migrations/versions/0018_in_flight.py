@@ -45,8 +45,14 @@ _HELD = """(o.status = 'processing'
                                        WHERE d.idempotency_key = o.idempotency_key
                                          AND d.resolution = 'open')))))"""
 
+# Statuses of the lane index (migration 0011): a key that still has a place in its lane. Only
+# such a key may have a request in flight (a success or a supersession clears it), and naming
+# them keeps every look at a lane a range of that index, however many finished keys it had.
+_UNFINISHED = "('pending', 'processing', 'failed_retryable', 'failed_final', 'quarantined')"
+
 # ... or a request of it may still land.
-_HOLDS = f"({_HELD} OR o.in_flight_until > clock_timestamp())"
+_HOLDS = f"""(o.status IN {_UNFINISHED}
+             AND ({_HELD} OR o.in_flight_until > clock_timestamp()))"""
 
 # Keys of a lane that still hold its order (not finished).
 _LIVE = "('pending', 'processing', 'failed_retryable')"
@@ -275,7 +281,8 @@ BEGIN
     END IF;
     SELECT max(o.in_flight_until) INTO v_due
       FROM idempotency_keys o
-     WHERE o.route = p_route AND o.lane = p_lane AND o.in_flight_until > now();
+     WHERE o.route = p_route AND o.lane = p_lane AND o.status IN {_UNFINISHED}
+       AND o.in_flight_until > now();
     UPDATE idempotency_keys
        SET error_code = 'lane_released', error_detail = 'its lane is free', updated_at = now()
      WHERE idempotency_key = nxt.idempotency_key;
