@@ -26,6 +26,7 @@ from sqlalchemy import Connection, create_engine, text
 
 from outbox.core.keys import DELIVERY_SEPARATOR
 from outbox.core.wire import PROCESS_TASK
+from outbox.operate import stats
 from outbox.store import maintenance, routes
 from tests.support import (
     CLAIMS_TOKEN,
@@ -219,6 +220,12 @@ def test_a_lane_is_not_handed_on_past_an_uncertain_write(
     threading.Event().wait(2.0)
     assert downstream.effects[second] == 0
     assert _status(stack, first) == ("failed_final", True)
+    engine = create_engine(stack.database_url)
+    try:
+        held = stats.blocked_lanes(engine, older_than_seconds=0)
+    finally:
+        engine.dispose()
+    assert [(lane["held_by"], lane["waiting"]) for lane in held] == [("uncertain", 1)]
     replay(stack, [first])
     wait_until(lambda: _status(stack, second)[0] == "succeeded", timeout=30, interval=0.2)
     assert _status(stack, first)[0] == "succeeded"
