@@ -127,7 +127,7 @@ class ActionSettings(BaseModel):
     # acceptance. Under supersede a version not newer than the lane's applied one, or older
     # than one waiting, is recorded `superseded` and never acted on. `lane_on_failure`: a
     # dead letter holds its lane until it is replayed or discarded (`block`), or the lane goes
-    # on (`skip`).
+    # on (`skip`); one whose effect is unknown holds it under both (the in-flight rule).
     order_by: str | None = None
     versions: Literal["supersede"] | None = None
     version_format: Literal["integer", "timestamp"] = "integer"
