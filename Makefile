@@ -93,7 +93,7 @@ ARGS ?=
 chaos-net: install iptables ## Chaos soak across 9 hosts (network namespaces, as root): cut, slow and lossy links (10 min)
 	$(PY) -m tests.chaos.net_soak $(ARGS)
 
-bench: $(BENCH_STAMP) ## Measure throughput, latency and memory, beside the peers, on this machine (~30 min; docs/performance.md)
+bench: $(BENCH_STAMP) ## Measure throughput, latency and memory, beside the peers, on this machine (~30 min; docs/explanation/performance.md)
 	$(PY) -m bench.run
 
 flames: $(BENCH_STAMP) ## Flame graphs of each process under the end-to-end noop load (py-spy, as root; docs/images/flame-*.svg)

@@ -203,7 +203,7 @@ def create_relay_engine(settings: Settings) -> Engine:
     because each of its steps is one statement and no transaction may be open while it
     publishes; the statement timeout bounds each step. No pre-ping: its steps go through
     `rows_once_more`, as the worker's do (a ping before every statement was a quarter of the
-    relay's CPU samples under load, docs/performance.md)."""
+    relay's CPU samples under load, docs/explanation/performance.md)."""
     return create_sync_engine(
         settings,
         pool_size=1,
