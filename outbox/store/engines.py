@@ -85,7 +85,8 @@ def _connect_args(settings: Settings, application_name: str, pooled: bool) -> di
     args: dict[str, Any] = {
         # libpq wants whole seconds, at least 2.
         "connect_timeout": max(2, math.ceil(settings.db_timeout_seconds)),
-        # pg_stat_activity tells the process kinds apart (README's connection budget).
+        # pg_stat_activity tells the process kinds apart (the connection budget of
+        # docs/how-to/scaling-out.md).
         "application_name": application_name,
         **_silent_link_bound(settings),
     }
