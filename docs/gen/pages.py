@@ -5,6 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from docs.gen import api, cli, observed, reference, schema_page
+from docs.gen.scan import ROOT
+
+
+def changelog_page() -> str:
+    """CHANGELOG.md as a page of the site, its links made relative to the site's root."""
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    return text.replace("](docs/", "](")
+
 
 GENERATED: dict[str, Callable[[], str]] = {
     "reference/settings.md": reference.settings_page,
@@ -15,6 +23,7 @@ GENERATED: dict[str, Callable[[], str]] = {
     "reference/metrics.md": observed.metrics_page,
     "reference/logs.md": observed.logs_page,
     "reference/schema.md": schema_page.page,
+    "changelog.md": changelog_page,
 }
 
 
