@@ -13,7 +13,7 @@ if str(ROOT) not in sys.path:
 
 from mkdocs.structure.files import File, Files  # noqa: E402
 
-from docs.gen import bench  # noqa: E402
+from docs.gen import bench, lifecycle  # noqa: E402
 from docs.gen.pages import pages  # noqa: E402
 
 
@@ -25,5 +25,7 @@ def on_files(files: Files, config: Any) -> Files:
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
     if bench.MARKER in markdown:
-        return markdown.replace(bench.MARKER, bench.latest_table())
+        markdown = markdown.replace(bench.MARKER, bench.latest_table())
+    if lifecycle.MARKER in markdown:
+        markdown = markdown.replace(lifecycle.MARKER, lifecycle.diagram())
     return markdown

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 from pydantic import Field
 
-from docs.gen import bench, cli, models, observed, scan
+from docs.gen import bench, cli, lifecycle, models, observed, scan
 from docs.gen.pages import pages
 from outbox.core.problems import TITLES
 from outbox.core.settings import Settings
+from outbox.store.lifecycle import TRANSITIONS, Status
 from tests.support import ROOT
 
 README_MAX_LINES = 250
@@ -109,3 +110,15 @@ def test_the_readme_is_a_front_door() -> None:
         assert f"]({target})" in readme
         assert (ROOT / target).is_file()
     assert "make test" in readme and "make run" in readme
+
+
+def test_the_architecture_page_draws_every_transition() -> None:
+    """The key lifecycle's diagram is drawn from the transitions the code allows, on the
+    architecture page: every status and every transition's name is in it."""
+    page = (ROOT / "docs/explanation/architecture.md").read_text(encoding="utf-8")
+    assert lifecycle.MARKER in page
+    drawn = lifecycle.diagram()
+    for status in Status:
+        assert f" {status.value} " in drawn or f" {status.value}:" in drawn, status
+    for transition in TRANSITIONS:
+        assert transition.name in drawn, transition.name
