@@ -24,6 +24,53 @@ def schema() -> dict[str, Any]:
     return document
 
 
+def _inputs(operation: dict[str, Any]) -> list[str]:
+    """An operation's parameters and request body, as a reader needs them."""
+    rows = []
+    for parameter in operation.get("parameters", []):
+        required = "required" if parameter.get("required") else "optional"
+        text = (parameter.get("description") or "").replace("\n", " ").replace("|", "\\|")
+        rows.append(f"| `{parameter['name']}` | {parameter.get('in', '')} | {required} | {text} |")
+    lines = []
+    if rows:
+        lines += ["| parameter | in | | |", "|---|---|---|---|", *rows, ""]
+    body = operation.get("requestBody", {}).get("content", {})
+    for media, content in body.items():
+        ref = content.get("schema", {}).get("$ref", "")
+        name = ref.rsplit("/", 1)[-1] if ref else "a JSON object"
+        lines += [f"Request body: `{media}`, {f'`{name}`' if ref else name}.", ""]
+    return lines
+
+
+def _type(prop: dict[str, Any]) -> str:
+    if "$ref" in prop:
+        return str(prop["$ref"]).rsplit("/", 1)[-1]
+    if "anyOf" in prop:
+        return " or ".join(_type(option) for option in prop["anyOf"])
+    if prop.get("type") == "array":
+        return f"list of {_type(prop.get('items', {}))}"
+    return str(prop.get("type", "any"))
+
+
+def _schemas(document: dict[str, Any], names: list[str]) -> list[str]:
+    """The request bodies' schemas: each member, its type, whether it is required."""
+    schemas = document.get("components", {}).get("schemas", {})
+    lines = ["## Request bodies", ""]
+    for name in names:
+        schema = schemas.get(name, {})
+        required = set(schema.get("required", []))
+        lines += [f"### `{name}`", ""]
+        if schema.get("description"):
+            lines += [schema["description"].strip(), ""]
+        lines += ["| member | type | | |", "|---|---|---|---|"]
+        for member, prop in schema.get("properties", {}).items():
+            need = "required" if member in required else "optional"
+            text = (prop.get("description") or "").replace("\n", " ").replace("|", "\\|")
+            lines.append(f"| `{member}` | {_type(prop)} | {need} | {text} |")
+        lines.append("")
+    return lines
+
+
 def page() -> str:
     document = schema()
     info = document.get("info", {})
@@ -34,7 +81,10 @@ def page() -> str:
         f"(OpenAPI {document.get('openapi', '')}, API version {info.get('version', '')}).",
         "With `API_DOCS=true` (the default under `idem dev`) the receiver serves the same schema",
         "at `/openapi.json` and Swagger UI at `/docs`. Errors are",
-        "[problem documents](errors.md) with a machine-readable `error` code.",
+        "[problem documents](errors.md) with a machine-readable `error` code. `POST /v1/events`",
+        "and `POST /v1/webhooks/{source}` read the body themselves: the event envelope and",
+        "every answer are in [Send events](../how-to/send-events.md), the providers' in",
+        "[Providers](../how-to/providers.md).",
         "",
         "| method | path | summary | answers |",
         "|---|---|---|---|",
@@ -45,9 +95,22 @@ def page() -> str:
             summary = operation.get("summary", "")
             answers = ", ".join(sorted(operation.get("responses", {})))
             lines.append(f"| `{method.upper()}` | `{path}` | {summary} | {answers} |")
+            details += [f"### `{method.upper()} {path}`", ""]
             description = (operation.get("description") or "").strip()
             if description:
-                details += [f"### `{method.upper()} {path}`", "", description, ""]
+                details += [description, ""]
+            details += _inputs(operation)
     if details:
         lines += ["", "## Endpoints", "", *details]
+    bodies = sorted(
+        {
+            content["schema"]["$ref"].rsplit("/", 1)[-1]
+            for operations in document.get("paths", {}).values()
+            for operation in operations.values()
+            for content in operation.get("requestBody", {}).get("content", {}).values()
+            if "$ref" in content.get("schema", {})
+        }
+    )
+    if bodies:
+        lines += _schemas(document, bodies)
     return "\n".join(lines) + "\n"
