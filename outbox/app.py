@@ -57,8 +57,8 @@ async def bounded_wait(operation: Awaitable[T], seconds: float) -> T:
     mid-query, first asks the server to cancel the query over a new connection (up to 5 s) and
     then waits for the query again (up to 5 s more). Across a network that silently drops the
     database's packets both waits run out: the 503 came 10 s after the bound (the multi-host
-    soak, docs/reliability.md). So the step runs as a task of its own: at the bound it is
-    cancelled and left to wind down alone (its connection goes back to the pool when it has),
+    soak, docs/explanation/reliability.md). So the step runs as a task of its own: at the bound it
+    is cancelled and left to wind down alone (its connection goes back to the pool when it has),
     and the caller is answered at once. The step may still commit while it winds down; a 503
     never said it had not (the answer of a committed statement can be lost just the same).
     """

@@ -19,7 +19,8 @@
 at a status code or an exception type. `error_for_response` reads an HTTP answer, knowing the
 route's kind of downstream:
 
-    any route   409 {"idem": "in_progress", "retry_after": N}: the Idem Trigger node (docs/n8n.md,
+    any route   409 {"idem": "in_progress", "retry_after": N}: the Idem Trigger node
+    (docs/how-to/n8n.md,
                 "The trigger's answers") has this key's execution running: `in_progress`, a
                 wait (`Failure.wait`) that spends no attempt and is never told to the breaker
     kind n8n    404 whose JSON `message` says the webhook "is not registered" (n8n answers so
