@@ -10,6 +10,7 @@ meet here and in `outbox.cli`.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -129,7 +130,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
 
     app = Receiver(
         title="idem gateway",
-        version="0.1.0",
+        version=importlib.metadata.version("idem-gateway"),
         summary="Exactly-once side effects for automation workflows.",
         lifespan=lifespan,
         # The schema and its viewers map every endpoint for a scanner: only when asked for.
