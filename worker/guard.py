@@ -337,15 +337,18 @@ class RouteGuard:
         return released
 
 
-def _cooldowns(route: ActionSettings, failure: Failure | None) -> dict[str, float]:
+def _cooldowns(route: ActionSettings, failure: Failure | None) -> dict[str, float | bool]:
     """The cool-down a failure opens the circuit with, and its cap. Requests that never reached
     anything that could act (`Failure.not_sent`: a refused connection, a workflow not listening)
-    re-open it for `not_sent_retry_seconds` at most, never doubled: such a trial costs the
-    downstream nothing, and its return (a restart, a re-publish) is noticed within seconds."""
+    re-open it for `not_sent_retry_seconds` at most, never doubled, and their re-openings are not
+    counted towards a later doubling: such a trial costs the downstream nothing, and its return
+    (a restart, a re-publish) is noticed within seconds, even when a trial sent meanwhile failed
+    (a downstream that accepts connections before it answers)."""
     if failure is not None and failure.not_sent:
         short = min(route.circuit_cooldown_seconds, route.not_sent_retry_seconds)
-        return {"cooldown": short, "cooldown_cap": short}
+        return {"cooldown": short, "cooldown_cap": short, "not_sent": True}
     return {
         "cooldown": route.circuit_cooldown_seconds,
         "cooldown_cap": route.circuit_cooldown_cap_seconds,
+        "not_sent": False,
     }

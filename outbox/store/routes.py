@@ -65,8 +65,11 @@ ROUTE_CALLS: TextClause = text(
     --   half-open → a trial's answer closes it (and starts a fresh window); :trials failed
     --               trials (or :opens_now) re-open it.
     -- Each re-opening since the last close doubles the cool-down, up to :cooldown_cap, never
-    -- shorter than the downstream's Retry-After. `opened` / `closed` say this statement did it,
-    -- and a `route_changes` row records it in the same statement (the notifier reads those).
+    -- shorter than the downstream's Retry-After; one by a request that was never sent
+    -- (:not_sent, a refused connection) re-opens for :cooldown and is not counted, so a
+    -- downstream down for minutes does not leave a sent failure after it a doubled cool-down.
+    -- `opened` / `closed` say this statement did it, and a `route_changes` row records it in
+    -- the same statement (the notifier reads those).
     WITH p AS (
         SELECT route, circuit AS was, trial_failures, reopened_count,
                CAST(:key AS text) = ANY(trial_keys) AND circuit = 'half_open' AS trial,
@@ -120,8 +123,10 @@ ROUTE_CALLS: TextClause = text(
     UPDATE route_state r
        SET circuit = CASE WHEN d.opening THEN 'open' WHEN d.closing THEN 'closed'
                           ELSE r.circuit END,
-           reopened_count = CASE WHEN d.opening AND d.was = 'half_open'
+           reopened_count = CASE WHEN d.opening AND d.was = 'half_open' AND NOT :not_sent
                                  THEN r.reopened_count + 1
+                                 WHEN d.opening AND d.was = 'half_open'
+                                 THEN r.reopened_count
                                  WHEN d.opening OR d.closing THEN 0
                                  ELSE r.reopened_count END,
            opened_at = CASE WHEN d.opening THEN now() ELSE r.opened_at END,

@@ -196,6 +196,7 @@ def test_a_circuit_that_opens_and_closes_is_two_messages(
         "reason": "50% of the calls failed (http_503)",
         "cooldown": 0.01,
         "cooldown_cap": 1.0,
+        "not_sent": False,
         "retry_after": None,
     }
     try:

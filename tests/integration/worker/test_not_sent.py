@@ -11,6 +11,9 @@ import threading
 import time
 from pathlib import Path
 
+from sqlalchemy import create_engine
+
+from outbox.store import routes as routes_sql
 from outbox.store.embedded import free_port
 from tests.support import (
     Downstream,
@@ -201,3 +204,51 @@ def test_an_ordered_route_down_for_a_while_applies_its_lane_in_acceptance_order_
     finally:
         server.shutdown()
         server.server_close()
+
+
+def libpq_url(database_url: str) -> str:
+    return database_url.replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+def test_reopenings_by_unsent_trials_do_not_double_a_later_cooldown(own_database: str) -> None:
+    """Five trials refused unsent re-open the circuit for the short cool-down each, uncounted;
+    a trial that was sent and failed after them re-opens it for the first doubling (2 s of a
+    1 s cool-down), not for five doublings more (a downstream that accepts connections before
+    it answers, as n8n does while it starts)."""
+    engine = create_engine(libpq_url(own_database))
+    calls = {
+        "route": "crm",
+        "successes": 0,
+        "window": 30.0,
+        "minimum_calls": 1,
+        "rate": 0.5,
+        "trials": 1,
+        "opens_now": False,
+        "reason": "refused",
+        "retry_after": None,
+        "failed": True,
+    }
+    short = {"cooldown": 0.01, "cooldown_cap": 0.01, "not_sent": True}
+    try:
+        with engine.begin() as conn:
+            conn.execute(routes_sql.ENSURE_ROUTE, {"route": "crm", "max_in_flight": 1})
+            opened = conn.execute(routes_sql.ROUTE_CALLS, {**calls, **short, "key": "k"}).one()
+        assert opened.opened
+        for trial in range(6):
+            time.sleep(0.05)
+            with engine.begin() as conn:
+                key = f"trial-{trial}"
+                taken = conn.execute(
+                    routes_sql.TAKE_TRIAL,
+                    {"route": "crm", "key": key, "trials": 1, "probe_seconds": 10},
+                ).one_or_none()
+                assert taken is not None
+                sent = trial == 5
+                cooldowns = (
+                    {"cooldown": 1.0, "cooldown_cap": 300.0, "not_sent": False} if sent else short
+                )
+                row = conn.execute(routes_sql.ROUTE_CALLS, {**calls, **cooldowns, "key": key}).one()
+            assert row.opened
+        assert 1.5 < float(row.cooldown_seconds) <= 2.0, row.cooldown_seconds
+    finally:
+        engine.dispose()
