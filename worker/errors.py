@@ -22,6 +22,9 @@ route's kind of downstream:
     any route   409 {"idem": "in_progress", "retry_after": N}: the Idem Trigger node (docs/n8n.md,
                 "The trigger's answers") has this key's execution running: `in_progress`, a
                 wait (`Failure.wait`) that spends no attempt and is never told to the breaker
+    any route   500 {"idem": "failed", "retryable": true, "error_code", "effect"}: the Idem
+                Trigger's workflow failed and its claim was freed: transient with that error
+                code, uncertain unless `effect` is "none"; `retryable: false`, permanent
     kind n8n    404 whose JSON `message` says the webhook "is not registered" (n8n answers so
                 while a workflow is being published and while it starts): transient
                 `n8n_webhook_not_registered`, not uncertain (nothing ran), for
@@ -54,6 +57,7 @@ from __future__ import annotations
 import email.utils
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -65,6 +69,10 @@ TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 REFUSED_STATUS = frozenset({408, 425, 429, 503})
 N8N_NOT_REGISTERED = "n8n_webhook_not_registered"
 IN_PROGRESS = "in_progress"
+# The Idem Trigger's answer for a failed workflow, and the error code when it names none usable.
+TRIGGER_FAILED = "failed"
+TRIGGER_FAILED_CODE = "n8n_workflow_failed"
+_ERROR_CODE = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 # An "in progress" answer without a usable retry_after: ask again in five seconds, a few
 # rounds within a provider's webhook timeout; never sooner than a second, so a trigger that
 # answers 0 is not asked in a tight loop.
@@ -238,6 +246,8 @@ def error_for_response(
                 _wait_seconds(answer.get("retry_after"), response, now()),
                 "the Idem Trigger is running this key's execution",
             )
+    if failed := _trigger_failed(response):
+        return failed
     if status == 404 and kind == "n8n" and _n8n_not_registered(_small_json(response)):
         return TransientError(
             N8N_NOT_REGISTERED,
@@ -256,6 +266,27 @@ def error_for_response(
             status_code=status,
         )
     return PermanentError(code, f"downstream answered {status}", status_code=status)
+
+
+def _trigger_failed(response: httpx.Response) -> ActionError | None:
+    """The Idem Trigger's answer for a workflow that failed (docs/n8n.md, "The trigger's
+    answers"), classified as the trigger says; None for any other answer."""
+    if response.status_code < 400:
+        return None
+    answer = _small_json(response)
+    if not isinstance(answer, dict) or answer.get("idem") != TRIGGER_FAILED:
+        return None
+    given = answer.get("error_code")
+    code = given if isinstance(given, str) and _ERROR_CODE.fullmatch(given) else TRIGGER_FAILED_CODE
+    detail = f"the Idem Trigger's workflow failed ({response.status_code})"
+    if answer.get("retryable") is False:
+        return PermanentError(code, detail, status_code=response.status_code)
+    return TransientError(
+        code,
+        detail,
+        uncertain=answer.get("effect") != "none",
+        status_code=response.status_code,
+    )
 
 
 def _small_json(response: httpx.Response) -> object:

@@ -170,3 +170,47 @@ def test_bad_n8n_settings_are_refused(settings: dict[str, Any], message: str) ->
     fields: dict[str, Any] = {"match": "crm.*", "action": "http", "url": "http://n8n.test"}
     with pytest.raises(ValueError, match=message):
         Route(**{**fields, **settings})
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (
+            500,
+            {
+                "idem": "failed",
+                "retryable": True,
+                "error_code": "n8n_workflow_failed",
+                "effect": "unknown",
+            },
+            (True, True, "n8n_workflow_failed"),
+        ),
+        (
+            500,
+            {"idem": "failed", "retryable": True, "error_code": "crm_down", "effect": "none"},
+            (True, False, "crm_down"),
+        ),
+        (500, {"idem": "failed", "error_code": "not a code!"}, (True, True, "n8n_workflow_failed")),
+        (
+            409,
+            {"idem": "failed", "retryable": False, "error_code": "crm_http_422"},
+            (False, False, "crm_http_422"),
+        ),
+    ],
+)
+def test_a_failed_trigger_workflow_is_classified_as_the_trigger_says(
+    status: int, body: dict[str, Any], expected: tuple[bool, bool, str]
+) -> None:
+    """The Idem Trigger's `{"idem": "failed"}`: transient with its error code (a code that is
+    not one falls back to `n8n_workflow_failed`), uncertain unless `effect` is "none";
+    `retryable: false` permanent. Never a wait; a transient one counts for the breaker."""
+    failure = _failure(_answer(status, body), _route(kind="n8n"))
+    assert (failure.transient, failure.uncertain, failure.error_code) == expected
+    assert not failure.wait
+    assert failure.at_downstream == failure.transient
+
+
+def test_a_500_without_the_triggers_body_stays_an_uncertain_http_500() -> None:
+    """n8n's own 500 ("Error in workflow") is the uncertain `http_500` it always was."""
+    failure = _failure(_answer(500, {"message": "Error in workflow"}), _route(kind="n8n"))
+    assert (failure.transient, failure.uncertain, failure.error_code) == (True, True, "http_500")
