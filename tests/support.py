@@ -309,6 +309,17 @@ def seed_fan_out_event(
     return key
 
 
+def key_rows(database_url: str, keys: list[str]) -> dict[str, tuple[str, int]]:
+    """Each key's status and attempts spent."""
+    rows = query(
+        database_url,
+        "SELECT idempotency_key, status, attempts FROM idempotency_keys"
+        " WHERE idempotency_key = ANY(%s)",
+        (keys,),
+    )
+    return {key: (status, attempts) for key, status, attempts in rows}
+
+
 def statuses(database_url: str) -> Counter[str]:
     return Counter(
         dict(query(database_url, "SELECT status, count(*) FROM idempotency_keys GROUP BY 1"))
@@ -872,6 +883,15 @@ def refused_start(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedPr
         text=True,
         timeout=60,
     )
+
+
+def post_event(stack: Stack, body: dict[str, Any]) -> str:
+    """Post one event as a workflow does; its key (the answer must be 202)."""
+    with stack.client() as client:
+        answer = client.post("/v1/events", json=body)
+    assert answer.status_code == 202, answer.text
+    key: str = answer.json()["key"]
+    return key
 
 
 def envelope(

@@ -387,10 +387,9 @@ def _record(store: KeyStore, claim: Claim, outcome: Outcome) -> bool:
             return store.schedule_retry(claim, delay, _failed(failure, absent, in_flight))
         case DeadLetter(failure, kind, absent, in_flight):
             return store.fail_final(claim, kind, _failed(failure, absent, in_flight))
-        case Deferred(reason, delay, detail, starts_budget):
-            return (
-                store.defer(claim, delay, reason, detail, starts_budget=starts_budget) is not None
-            )
+        case Deferred(reason, delay, detail, starts_budget, not_sent):
+            sent = not_sent is None
+            return store.defer(claim, delay, reason, detail, starts_budget, sent) is not None
         case LaneWaiting() | Superseded():
             return True  # the lane step decided and wrote it in one call
         case LeaseGivenUp():

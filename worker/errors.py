@@ -47,6 +47,13 @@ Not uncertain (the downstream did not act): timeout_connect, connect_refused, ti
 http_408, http_425, http_429, http_503, and an action's TransientError by default. A lost or
 expired lease makes the key uncertain at the next claim (`outbox.store.lifecycle.CLAIM_KEY`).
 
+And whether the request never reached anything that could act on it (`not_sent`): no connection
+was made (`connect_refused`: refused, unreachable, a name that does not resolve, a TLS handshake
+that failed; `timeout_connect`), or n8n said no workflow listens on the path
+(`n8n_webhook_not_registered`), or an action's `TransientError(not_sent=True)`. Such a failure
+spends no attempt (`worker.outcomes`): a downstream that restarts or is being deployed costs its
+keys nothing but time, bounded by the route's `retry_deadline_seconds`.
+
 And whether the failure is the key's own, raised on our side before anything was sent
 (`local`): `request_invalid`, `configuration` and `timeout_pool`. The route's breaker never
 hears of those; a downstream that never saw the request cannot be judged by it.
@@ -114,11 +121,14 @@ class TransientError(ActionError):
         uncertain: bool = False,
         window_seconds: float | None = None,
         status_code: int | None = None,
+        not_sent: bool = False,
     ) -> None:
         super().__init__(error_code, detail, uncertain=uncertain, status_code=status_code)
         self.retry_after = retry_after
         # Transient only this long after the key's first failure; past it, permanent.
         self.window_seconds = window_seconds
+        # The request never reached anything that could act on it: no attempt is spent.
+        self.not_sent = not_sent and not uncertain
 
 
 class InProgress(ActionError):
@@ -161,6 +171,8 @@ class Failure:
     window_seconds: float | None = None
     # The downstream's HTTP status, when it answered.
     status_code: int | None = None
+    # Nothing that could act received the request (module docstring): it spends no attempt.
+    not_sent: bool = False
 
     @property
     def at_downstream(self) -> bool:
@@ -191,13 +203,14 @@ def _classified(error: BaseException) -> Failure:
                 error.retry_after,
                 error.uncertain,
                 window_seconds=error.window_seconds,
+                not_sent=error.not_sent,
             )
         case InProgress():
             return Failure(True, error.error_code, error.detail, error.retry_after, wait=True)
         case PermanentError():
             return Failure(False, error.error_code, error.detail, None, error.uncertain)
         case httpx.ConnectTimeout():
-            return Failure(True, "timeout_connect", "connecting timed out")
+            return Failure(True, "timeout_connect", "connecting timed out", not_sent=True)
         case httpx.ReadTimeout():
             return Failure(True, "timeout_read", "no answer within the read timeout", None, True)
         case httpx.WriteTimeout():
@@ -207,7 +220,9 @@ def _classified(error: BaseException) -> Failure:
                 True, "timeout_pool", "no free connection in the client pool", local=True
             )
         case httpx.ConnectError():
-            return Failure(True, "connect_refused", "could not connect")
+            # Raised only while the connection is being made (TCP, name lookup, TLS
+            # handshake), before a byte of the request is written.
+            return Failure(True, "connect_refused", "could not connect", not_sent=True)
         case httpx.LocalProtocolError():
             detail = "the HTTP client refused to send the request as built"
             return Failure(False, "request_invalid", detail, local=True)
@@ -255,6 +270,7 @@ def error_for_response(
             "or n8n is starting)",
             window_seconds=n8n_grace_seconds,
             status_code=404,
+            not_sent=True,
         )
     if status in TRANSIENT_STATUS or status >= 500:
         retry_after = parse_retry_after(response.headers.get("retry-after"), now())

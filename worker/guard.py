@@ -18,8 +18,9 @@ holds a worker for long:
 The breaker judges the route by its recent calls (`outbox.store.routes.ROUTE_CALLS`): the
 failure rate over a sliding window with a minimum of calls from several keys, so one key the
 downstream always refuses never opens it. A call that was sent spends its key's attempt like
-any other, trials included, so every key ends within its budget; only a key held back unsent
-costs nothing. Failures raised on our side before sending (`Failure.local`) are never told.
+any other, trials included, so every key ends within its budget; only a key held back unsent,
+or whose request never reached anything that could act (`Failure.not_sent`), costs nothing.
+Failures raised on our side before sending (`Failure.local`) are never told.
 
 Telling comes after the outcome is recorded and can only lose bookkeeping, never an outcome:
 an error here is logged and counted (`route.tell_failed`). Successes are counted in the worker
@@ -295,8 +296,7 @@ class RouteGuard:
                 "trials": route.circuit_half_open_calls,
                 "opens_now": retry_after is not None and retry_after > route.backoff_cap_seconds,
                 "reason": reason,
-                "cooldown": route.circuit_cooldown_seconds,
-                "cooldown_cap": route.circuit_cooldown_cap_seconds,
+                **_cooldowns(route, failure),
                 "retry_after": retry_after,
             },
         )
@@ -335,3 +335,17 @@ class RouteGuard:
             with self._lock:
                 self._releasing.discard(route)
         return released
+
+
+def _cooldowns(route: ActionSettings, failure: Failure | None) -> dict[str, float]:
+    """The cool-down a failure opens the circuit with, and its cap. Requests that never reached
+    anything that could act (`Failure.not_sent`: a refused connection, a workflow not listening)
+    re-open it for `not_sent_retry_seconds` at most, never doubled: such a trial costs the
+    downstream nothing, and its return (a restart, a re-publish) is noticed within seconds."""
+    if failure is not None and failure.not_sent:
+        short = min(route.circuit_cooldown_seconds, route.not_sent_retry_seconds)
+        return {"cooldown": short, "cooldown_cap": short}
+    return {
+        "cooldown": route.circuit_cooldown_seconds,
+        "cooldown_cap": route.circuit_cooldown_cap_seconds,
+    }

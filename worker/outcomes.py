@@ -57,6 +57,9 @@ class Deferred:
     detail: str
     # A wait the downstream asked for: it starts the retry deadline (so waits end within it).
     starts_budget: bool = False
+    # A failure whose request never reached anything that could act (`Failure.not_sent`):
+    # given back unspent like a wait, and told to the breaker like any failure there.
+    not_sent: Failure | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,8 @@ def told(outcome: Outcome) -> Told | None:
             return Told(failure)
         case DeadLetter(failure, "permanent") if not failure.local:
             return Told(None)  # the downstream answered, with a refusal
+        case Deferred(not_sent=failure) if failure is not None:
+            return Told(failure)
         case _:
             return None
 
@@ -141,9 +146,11 @@ def _after_failure(
         return DeadLetter(replace(failure, transient=False, detail=detail), "permanent")
     if not failure.transient:
         return DeadLetter(failure, "permanent", reconciled_absent)
-    # A failure with a window (n8n's "webhook not registered": nothing ran) is bounded by its
-    # window, not by the attempt count: a re-publish or an n8n start takes longer than a few
-    # quick retries, and every key still ends, at the window's end at the latest.
+    if failure.not_sent:
+        return _not_sent(route, failure, spent, reconciled_absent, rng)
+    # A failure with a window (an action's `TransientError(window_seconds=…)`) is bounded by
+    # its window, not by the attempt count: every key still ends, at the window's end at the
+    # latest.
     if claim.attempt >= route.max_attempts and failure.window_seconds is None:
         return DeadLetter(failure, "retries_exhausted", reconciled_absent)
     delay = next_delay(
@@ -160,6 +167,28 @@ def _after_failure(
     if spent + delay > route.retry_deadline_seconds:
         return DeadLetter(failure, "retries_exhausted", reconciled_absent)
     return RetryLater(failure, delay, reconciled_absent)
+
+
+def _not_sent(
+    route: ActionSettings,
+    failure: Failure,
+    spent: float,
+    reconciled_absent: bool,
+    rng: random.Random,
+) -> Outcome:
+    """Nothing could have acted (a refused connection, a workflow not listening): the attempt is
+    given back, so a restart or a deploy of the downstream costs no key its budget. The key asks
+    again every `not_sent_retry_seconds` or a little sooner (half of it at least, so keys that
+    failed together spread out), and a downstream that comes back is noticed within that;
+    `retry_deadline_seconds` alone ends it. The breaker hears of each, and once it opens the
+    route's other keys wait without calling at all."""
+    ceiling = min(route.not_sent_retry_seconds, route.backoff_cap_seconds)
+    delay = max(rng.uniform(ceiling / 2, ceiling), failure.retry_after or 0.0)
+    if failure.window_seconds is not None:
+        delay = min(delay, failure.window_seconds - spent)
+    if spent + delay > route.retry_deadline_seconds:
+        return DeadLetter(failure, "retries_exhausted", reconciled_absent)
+    return Deferred(failure.error_code, delay, failure.detail, starts_budget=True, not_sent=failure)
 
 
 def in_flight_after(route: ActionSettings, failure: Failure, lease_seconds: float) -> float:

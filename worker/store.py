@@ -244,19 +244,21 @@ class KeyStore:
         delay_seconds: float,
         error_code: str,
         detail: str,
-        *,
         starts_budget: bool = False,
+        sent: bool = True,
     ) -> str | None:
         """Give the claim back unspent: the status it now waits in (`pending` when its route
         is paused, else `failed_retryable` with its delivery due later), or None when the fence
         rejected the write. `starts_budget`: a wait the downstream asked for, which starts the
-        retry deadline's clock (`first_failed_at`) when nothing else has."""
+        retry deadline's clock (`first_failed_at`) when nothing else has. Not `sent`: the
+        attempt's request reached nothing that could act (the attempt log says `not_sent`)."""
+        outcome = _DEFERRED.get(error_code, "deferred_limit") if sent else "not_sent"
         row = self.one(
             lifecycle.DEFER,
             {
                 **attempt_params(
                     claim,
-                    _DEFERRED.get(error_code, "deferred_limit"),
+                    outcome,
                     error_code=error_code,
                     detail=detail,
                 ),

@@ -85,8 +85,15 @@ class ActionSettings(BaseModel):
     max_attempts: int = Field(default=8, ge=1)
     backoff_base_seconds: float = Field(default=1.0, gt=0)
     backoff_cap_seconds: float = Field(default=300.0, gt=0)
-    # Stop retrying an hour after the first failure: past that, a person should look.
-    retry_deadline_seconds: float = Field(default=3600.0, gt=0)
+    # A request that never reached anything that could act (a refused connection, a name that
+    # does not resolve, a TLS handshake that failed, n8n's "webhook not registered") spends no
+    # attempt; its key asks again after half of this to all of it, so a downstream that comes
+    # back from a restart or a deploy is noticed within seconds (worker/errors.py, `not_sent`).
+    not_sent_retry_seconds: float = Field(default=5.0, gt=0, le=300)
+    # Stop retrying six hours after the first failure: long enough to ride out a downstream's
+    # restart, deploy or outage with nothing spent (above), short enough that a person looks
+    # the same day. Sent failures end sooner, at `max_attempts`.
+    retry_deadline_seconds: float = Field(default=21_600.0, gt=0)
 
     # Protecting the downstream (see docs/architecture.md, "Routes under load"), shared by every
     # worker process and machine through PostgreSQL. Unset limits mean none.

@@ -21,6 +21,7 @@ from tests.support import (
     claim_call,
     envelope,
     finished,
+    post_event,
     query,
     seed_pending_key,
     wait_until,
@@ -29,14 +30,6 @@ from worker.store import Claim, KeyStore
 
 # The columns both read paths agree on.
 SHOWN = ("attempt", "outcome", "status_code", "error_code", "fence", "reconciled")
-
-
-def _post(stack: Stack, body: dict[str, Any]) -> str:
-    with stack.client() as client:
-        answer = client.post("/v1/events", json=body)
-    assert answer.status_code == 202, answer.text
-    key: str = answer.json()["key"]
-    return key
 
 
 def _api_log(stack: Stack, key: str) -> list[dict[str, Any]]:
@@ -71,7 +64,7 @@ def refused_twice_then_lost_then_reconciled(stack: Stack, downstream: Downstream
     """503, 503, then a write whose answer is lost (read timeout), then the reconcile finds it."""
     replies = {1: Reply(503), 2: Reply(503), 3: Reply(201, delay=2.5)}
     downstream.behaviour = lambda _key, n: replies.get(n, Reply())
-    key = _post(stack, envelope("log-1"))
+    key = post_event(stack, envelope("log-1"))
     state = finished(stack, key)
     assert state["status"] == "succeeded" and state["attempts"] == 4, state
     assert downstream.effects == {key: 1}
@@ -114,7 +107,7 @@ def test_a_paused_route_logs_deferred_pause(stack: Stack, downstream: Downstream
     with stack.client() as client:
         paused = client.post("/v1/routes/crm/pause", json={"reason": "maintenance"}, headers=AUTH)
     assert paused.status_code == 200, paused.text
-    key = _post(stack, envelope("log-paused"))
+    key = post_event(stack, envelope("log-paused"))
     wait_until(lambda: _api_log(stack, key), timeout=30)
     log = _api_log(stack, key)
     assert [(a["outcome"], a["error_code"], a["attempt"]) for a in log] == [

@@ -19,14 +19,16 @@ def _send(stack: Stack, external_id: str) -> str:
 def test_a_webhook_not_yet_registered_is_retried_until_n8n_takes_it(
     stack: Stack, downstream: Downstream
 ) -> None:
-    """n8n's 404 "not registered" on the first request is retried, not dead-lettered; the
-    second request succeeds and the effect happens once."""
+    """n8n's 404 "not registered" on the first request is asked again, spending no attempt
+    (no workflow listened: nothing ran); the second request succeeds, the key's one attempt
+    is the one that acted, and the effect happens once."""
     downstream.behaviour = lambda _key, n: (
         Reply(404, extra=NOT_REGISTERED, commit=False) if n == 1 else Reply()
     )
     key = _send(stack, "n8n-1")
     state = finished(stack, key)
-    assert (state["status"], state["attempts"]) == ("succeeded", 2)
+    assert (state["status"], state["attempts"]) == ("succeeded", 1)
+    assert len(downstream.request_times(key)) == 2
     assert downstream.effects == {key: 1}
 
 

@@ -20,6 +20,7 @@ from tests.support import (
     Reply,
     Stack,
     envelope,
+    key_rows,
     query,
     wait_until,
 )
@@ -80,18 +81,8 @@ def _post(stack: Stack, body: dict[str, Any]) -> str:
     return key
 
 
-def _statuses(stack: Stack, keys: list[str]) -> dict[str, tuple[str, int]]:
-    rows = query(
-        stack.database_url,
-        "SELECT idempotency_key, status, attempts FROM idempotency_keys"
-        " WHERE idempotency_key = ANY(%s)",
-        (keys,),
-    )
-    return {key: (status, attempts) for key, status, attempts in rows}
-
-
 def _all_succeeded(stack: Stack, keys: list[str]) -> bool:
-    return all(status == "succeeded" for status, _ in _statuses(stack, keys).values())
+    return all(status == "succeeded" for status, _ in key_rows(stack.database_url, keys).values())
 
 
 @pytest.mark.parametrize(
@@ -149,7 +140,7 @@ def test_an_outage_spends_attempts_only_on_requests_sent_and_loses_no_event(
     assert len(during) <= bound, (len(during), bound)
     assert query(stack.database_url, "SELECT count(*) FROM dead_letters") == [(0,)]
     assert downstream.effects == {key: 1 for key in keys}
-    attempts = [attempts for _, attempts in _statuses(stack, keys).values()]
+    attempts = [attempts for _, attempts in key_rows(stack.database_url, keys).values()]
     assert sum(attempts) == len(downstream.requests), (sum(attempts), len(downstream.requests))
     log = stack.logs("worker")
     assert '"route.circuit_opened"' in log and '"route.circuit_closed"' in log
@@ -208,7 +199,7 @@ def test_pause_holds_events_pending_and_resume_runs_them_once_in_acceptance_orde
     wait_until(lambda: _all_succeeded(stack, keys), timeout=30)
     assert [r["key"] for r in downstream.requests] == keys
     assert downstream.effects == {key: 1 for key in keys}
-    assert {attempts for _, attempts in _statuses(stack, keys).values()} == {1}
+    assert {attempts for _, attempts in key_rows(stack.database_url, keys).values()} == {1}
     audit = query(
         stack.database_url,
         "SELECT route, action, reason, requested_by FROM route_changes ORDER BY id",
@@ -303,7 +294,7 @@ def test_rate_per_second_holds_across_two_worker_processes(
     expected = 10 * window
     assert 0.9 * expected <= sent <= 1.1 * expected, (sent, expected)
     assert downstream.effects == {key: 1 for key in keys}
-    assert {attempts for _, attempts in _statuses(stack, keys).values()} == {1}
+    assert {attempts for _, attempts in key_rows(stack.database_url, keys).values()} == {1}
 
 
 def _children(pid: int) -> list[int]:

@@ -12,9 +12,10 @@ import httpx
 import pytest
 
 from outbox.core.routes import Route
-from tests.unit.worker.test_n8n_answers import _answer, _claim
+from tests.unit.worker.claims import claim_at
+from tests.unit.worker.test_n8n_answers import _answer
 from worker.errors import Failure, TransientError, classify, error_for_response
-from worker.outcomes import DeadLetter, RetryLater, after_failure, in_flight_after
+from worker.outcomes import DeadLetter, Deferred, RetryLater, after_failure, in_flight_after
 
 REQUEST = httpx.Request("POST", "http://crm.test/tasks")
 LEASE = 30.0
@@ -54,7 +55,7 @@ def test_a_request_without_an_answer_is_retried_after_its_own_timeouts(error: Ex
     delays = []
     for seed in range(50):
         outcome = after_failure(
-            route, _claim(attempt=1), failure, False, random.Random(seed), LEASE
+            route, claim_at(attempt=1), failure, False, random.Random(seed), LEASE
         )
         assert isinstance(outcome, RetryLater) and outcome.in_flight == 5.0
         delays.append(outcome.delay)
@@ -69,13 +70,14 @@ def test_a_request_without_an_answer_is_retried_after_its_own_timeouts(error: Ex
     ],
     ids=["timeout_connect", "connect_refused"],
 )
-def test_a_request_never_sent_keeps_its_backoff(error: Exception) -> None:
-    """Nothing was sent: nothing can land late, and the backoff alone decides."""
+def test_a_request_never_sent_has_nothing_in_flight(error: Exception) -> None:
+    """Nothing was sent: nothing can land late; the key is given back unspent and asks again
+    within `not_sent_retry_seconds` (tests/unit/worker/test_not_sent.py)."""
     route = _route()
     failure = classify(error)
     assert in_flight_after(route, failure, LEASE) == 0.0
-    outcome = after_failure(route, _claim(attempt=1), failure, False, random.Random(1), LEASE)
-    assert isinstance(outcome, RetryLater) and outcome.delay <= route.backoff_base_seconds
+    outcome = after_failure(route, claim_at(attempt=1), failure, False, random.Random(1), LEASE)
+    assert isinstance(outcome, Deferred) and outcome.delay <= route.not_sent_retry_seconds
 
 
 def test_an_answered_failure_has_landed_and_keeps_its_backoff() -> None:
@@ -117,8 +119,10 @@ def test_the_deadline_still_ends_a_key_whose_floor_would_pass_it() -> None:
     route = _route(retry_deadline_seconds=10)
     failure = classify(httpx.ReadTimeout("timed out", request=REQUEST))
     inside = after_failure(
-        route, _claim(attempt=2, spent=4), failure, False, random.Random(1), LEASE
+        route, claim_at(attempt=2, spent=4), failure, False, random.Random(1), LEASE
     )
     assert isinstance(inside, RetryLater) and inside.delay == 5.0
-    past = after_failure(route, _claim(attempt=2, spent=6), failure, False, random.Random(1), LEASE)
+    past = after_failure(
+        route, claim_at(attempt=2, spent=6), failure, False, random.Random(1), LEASE
+    )
     assert isinstance(past, DeadLetter) and past.kind == "retries_exhausted"

@@ -4,16 +4,15 @@ n8n route, and the Idem Trigger's "in progress" is a wait that spends no attempt
 from __future__ import annotations
 
 import random
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
 
 from outbox.core.routes import Route
+from tests.unit.worker.claims import claim_at
 from worker.errors import classify, error_for_response
-from worker.outcomes import DeadLetter, Deferred, RetryLater, after_failure, told
-from worker.store import Claim
+from worker.outcomes import DeadLetter, Deferred, after_failure, told
 
 REQUEST = httpx.Request("POST", "http://n8n.test/webhook/crm")
 NOT_REGISTERED = {
@@ -21,7 +20,6 @@ NOT_REGISTERED = {
     "message": 'The requested webhook "POST crm" is not registered.',
     "hint": "Click the 'Execute workflow' button on the canvas, then try again.",
 }
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _answer(status: int, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -30,29 +28,6 @@ def _answer(status: int, body: Any, headers: dict[str, str] | None = None) -> ht
 
 def _route(**settings: Any) -> Route:
     return Route(match="crm.*", action="http", url="http://n8n.test/webhook/crm", **settings)
-
-
-def _claim(attempt: int = 1, spent: float | None = None) -> Claim:
-    """A claim `spent` seconds after the key's first failure (None: it never failed)."""
-    return Claim(
-        key="k",
-        fence=1,
-        token="t",
-        attempt=attempt,
-        correlation_id="c",
-        route="crm",
-        source="s",
-        event_type="crm.lead",
-        external_id="1",
-        version=None,
-        payload={},
-        locked_until=T0 + timedelta(seconds=30),
-        claimed_at=T0,
-        first_failed_at=None if spent is None else T0 - timedelta(seconds=spent),
-        previous_status="pending",
-        previous_error_code=None,
-        uncertain=False,
-    )
 
 
 def _failure(response: httpx.Response, route: Route) -> Any:
@@ -81,16 +56,20 @@ def test_not_registered_is_transient_and_certain_on_an_n8n_route_only() -> None:
     assert (other_404.transient, other_404.error_code) == (False, "http_404")
 
 
-def test_not_registered_retries_within_the_window_and_ends_permanent_past_it() -> None:
-    """Inside the window the key retries no later than the window's end; at or past it the
-    key is dead-lettered as permanent."""
+def test_not_registered_asks_again_within_seconds_and_ends_permanent_past_the_window() -> None:
+    """Inside the window the key is given back unspent and asks again within
+    `not_sent_retry_seconds` (never past the window's end); at or past the window it is
+    dead-lettered as permanent."""
     route = _route(kind="n8n", n8n_unregistered_grace_seconds=60, backoff_cap_seconds=300)
     failure = _failure(_answer(404, NOT_REGISTERED), route)
     rng = random.Random(7)
-    inside = after_failure(route, _claim(attempt=6, spent=50), failure, False, rng, 30.0)
-    assert isinstance(inside, RetryLater)
-    assert inside.delay <= 10
-    past = after_failure(route, _claim(attempt=7, spent=60), failure, False, rng, 30.0)
+    inside = after_failure(route, claim_at(attempt=6, spent=50), failure, False, rng, 30.0)
+    assert isinstance(inside, Deferred)
+    assert inside.not_sent == failure
+    assert route.not_sent_retry_seconds / 2 <= inside.delay <= route.not_sent_retry_seconds
+    last = after_failure(route, claim_at(attempt=6, spent=58), failure, False, rng, 30.0)
+    assert isinstance(last, Deferred) and last.delay <= 2
+    past = after_failure(route, claim_at(attempt=7, spent=60), failure, False, rng, 30.0)
     assert isinstance(past, DeadLetter)
     assert (past.kind, past.failure.transient) == ("permanent", False)
     heard = told(past)
@@ -98,18 +77,21 @@ def test_not_registered_retries_within_the_window_and_ends_permanent_past_it() -
     assert heard.failure is None  # told as an answer: n8n did answer
 
 
-def test_not_registered_inside_the_window_is_not_ended_by_the_attempt_budget() -> None:
-    """A re-publish outlasts a route's few quick attempts: inside the window the key retries
-    past max_attempts; the window alone ends it."""
+def test_not_registered_inside_the_window_spends_no_attempt() -> None:
+    """A re-publish outlasts a route's few quick attempts: inside the window the key is given
+    back unspent whatever its attempt count; the window alone ends it. A 503 beside it spends
+    the budget as before."""
     route = _route(kind="n8n", n8n_unregistered_grace_seconds=300, max_attempts=4)
     failure = _failure(_answer(404, NOT_REGISTERED), route)
     rng = random.Random(7)
-    inside = after_failure(route, _claim(attempt=9, spent=30), failure, False, rng, 30.0)
-    assert isinstance(inside, RetryLater)
-    past = after_failure(route, _claim(attempt=40, spent=300), failure, False, rng, 30.0)
+    inside = after_failure(route, claim_at(attempt=9, spent=30), failure, False, rng, 30.0)
+    assert isinstance(inside, Deferred) and inside.starts_budget
+    heard = told(inside)
+    assert heard is not None and heard.failure == failure  # the breaker hears of it
+    past = after_failure(route, claim_at(attempt=40, spent=300), failure, False, rng, 30.0)
     assert isinstance(past, DeadLetter) and past.kind == "permanent"
     other = _failure(_answer(503, {"message": "busy"}), route)
-    spent = after_failure(route, _claim(attempt=4, spent=30), other, False, rng, 30.0)
+    spent = after_failure(route, claim_at(attempt=4, spent=30), other, False, rng, 30.0)
     assert isinstance(spent, DeadLetter) and spent.kind == "retries_exhausted"
 
 
@@ -147,10 +129,10 @@ def test_in_progress_defers_unspent_and_ends_at_the_retry_deadline() -> None:
     route = _route(retry_deadline_seconds=100, backoff_cap_seconds=30, max_attempts=1)
     failure = _failure(_answer(409, {"idem": "in_progress", "retry_after": 60}), route)
     rng = random.Random(7)
-    waiting = after_failure(route, _claim(attempt=1), failure, False, rng, 30.0)
+    waiting = after_failure(route, claim_at(attempt=1), failure, False, rng, 30.0)
     assert waiting == Deferred("in_progress", 30, failure.detail, starts_budget=True)
     assert told(waiting) is None
-    ended = after_failure(route, _claim(attempt=1, spent=90), failure, False, rng, 30.0)
+    ended = after_failure(route, claim_at(attempt=1, spent=90), failure, False, rng, 30.0)
     assert isinstance(ended, DeadLetter)
     assert ended.kind == "retries_exhausted"
     assert told(ended) is None

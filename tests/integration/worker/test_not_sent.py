@@ -1,0 +1,155 @@
+"""A downstream that is down (nothing listens: a restart, a deploy) or not listening on the path
+(n8n's "webhook not registered": a re-publish), on real processes: requests that never reached
+anything that could act spend no attempt, nothing is dead-lettered however long it lasts within
+the retry deadline, and each event acts exactly once when the downstream is back. Counted at the
+fake downstream."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+from outbox.store.embedded import free_port
+from tests.support import (
+    Downstream,
+    Reply,
+    Stack,
+    envelope,
+    key_rows,
+    post_event,
+    query,
+    wait_until,
+)
+
+NOT_REGISTERED = {"code": 404, "message": 'The requested webhook "POST crm" is not registered.'}
+# Far below the refusals each key meets while its downstream is away: a key that spent an
+# attempt on each would be dead-lettered many times over.
+MAX_ATTEMPTS = 2
+RETRY_SECONDS = 1.0
+
+
+def _routes(path: Path, url: str) -> None:
+    common = f"""action = "http"
+url = "{url}/tasks"
+external_ref_pointer = "/id"
+connect_timeout_seconds = 1
+read_timeout_seconds = 2
+backoff_base_seconds = 0.2
+backoff_cap_seconds = 1
+max_attempts = {MAX_ATTEMPTS}
+not_sent_retry_seconds = {RETRY_SECONDS}
+circuit_minimum_calls = 3
+"""
+    path.write_text(
+        f"""
+[[routes]]
+match = "away.*"
+name = "away"
+{common}
+[[routes]]
+match = "flow.*"
+name = "flow"
+kind = "n8n"
+{common}""",
+        encoding="utf-8",
+    )
+
+
+def _not_sent_rows(stack: Stack, key: str) -> int:
+    rows = query(
+        stack.database_url,
+        "SELECT count(*) FROM attempts WHERE idempotency_key = %s AND outcome = 'not_sent'",
+        (key,),
+    )
+    return int(rows[0][0])
+
+
+def _cooldowns(stack: Stack) -> list[float]:
+    """The cool-down of each opening of a circuit, as the worker logged it."""
+    return [
+        float(line["cooldown_seconds"])
+        for line in map(json.loads, stack.logs("worker").splitlines())
+        if line.get("event") == "route.circuit_opened"
+    ]
+
+
+def test_a_downstream_that_is_down_costs_no_attempt_and_each_event_acts_once_when_back(
+    protected: tuple[Stack, Path],
+) -> None:
+    """Nothing listens on the route's port while five events arrive and for a while after:
+    every key meets many refused connections (far more than its two attempts), none is
+    dead-lettered or spends an attempt, the circuit re-opens with its short cool-down only;
+    when a server starts on the port each event is applied exactly once, on one attempt."""
+    stack, routes = protected
+    port = free_port()
+    later = Downstream(port=port)
+    _routes(routes, later.url)
+    stack.start_receiver()
+    stack.start_relay()
+    stack.start_worker(concurrency=4)
+    keys = []
+    for number in range(5):
+        keys.append(post_event(stack, envelope(f"away-{number}", event_type="away.lead")))
+        time.sleep(0.5)
+    # Each key is refused again and again, well past the budget a sent failure would have.
+    wait_until(
+        lambda: all(_not_sent_rows(stack, key) > MAX_ATTEMPTS for key in keys),
+        timeout=60,
+        interval=0.5,
+    )
+    assert set(key_rows(stack.database_url, keys).values()) == {("failed_retryable", 0)}
+    assert query(stack.database_url, "SELECT count(*) FROM dead_letters") == [(0,)]
+    # The circuit opened and re-opened at each failed trial, for the short cool-down each
+    # time, never doubled towards the cap.
+    cooldowns = _cooldowns(stack)
+    assert len(cooldowns) >= 2, cooldowns
+    assert max(cooldowns) <= RETRY_SECONDS + 0.05, cooldowns
+
+    server = later.start()
+    try:
+        wait_until(lambda: later.effects.keys() == set(keys), timeout=60, interval=0.2)
+        wait_until(
+            lambda: set(key_rows(stack.database_url, keys).values()) == {("succeeded", 1)},
+            timeout=30,
+            interval=0.2,
+        )
+        assert later.effects == {key: 1 for key in keys}
+        assert len(later.requests) == len(keys)
+        assert query(stack.database_url, "SELECT count(*) FROM dead_letters") == [(0,)]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_workflow_published_again_gets_its_held_events_without_spending_attempts(
+    protected: tuple[Stack, Path], downstream: Downstream
+) -> None:
+    """n8n answers "webhook not registered" while the workflow is unpublished: the events wait
+    unspent (the not-registered answers outnumber the route's attempts), and once it answers
+    again each runs exactly once, the key's attempt count still one."""
+    stack, routes = protected
+    _routes(routes, downstream.url)
+    published = threading.Event()
+    downstream.behaviour = lambda _key, _n: (
+        Reply() if published.is_set() else Reply(404, extra=NOT_REGISTERED, commit=False)
+    )
+    stack.start_receiver()
+    stack.start_relay()
+    stack.start_worker(concurrency=4)
+    keys = [post_event(stack, envelope(f"flow-{n}", event_type="flow.lead")) for n in range(3)]
+    wait_until(
+        lambda: all(_not_sent_rows(stack, key) > MAX_ATTEMPTS for key in keys),
+        timeout=60,
+        interval=0.5,
+    )
+    assert set(key_rows(stack.database_url, keys).values()) == {("failed_retryable", 0)}
+    published.set()
+    wait_until(
+        lambda: set(key_rows(stack.database_url, keys).values()) == {("succeeded", 1)},
+        timeout=60,
+        interval=0.2,
+    )
+    assert downstream.effects == {key: 1 for key in keys}
+    assert query(stack.database_url, "SELECT count(*) FROM dead_letters") == [(0,)]
