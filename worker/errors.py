@@ -30,7 +30,9 @@ route's kind of downstream:
                 `n8n_webhook_not_registered`, not uncertain (nothing ran), for
                 `n8n_unregistered_grace_seconds` after the key's first failure; past that,
                 permanent. Told to the breaker like any transient failure: a re-publish fails
-                every key at once, and a short open circuit spares n8n while it comes back
+                every key at once, and a short open circuit spares n8n while it comes back.
+                The same for n8n's answers while it starts: 200 "n8n is starting up. Please
+                wait" (never a success) and Express's HTML 404 "Cannot POST /webhook/..."
 
 Each failure also says whether the effect may exist (`uncertain`): the request may have reached
 the downstream and done its work although no success came back. Uncertain:
@@ -80,6 +82,9 @@ IN_PROGRESS = "in_progress"
 TRIGGER_FAILED = "failed"
 TRIGGER_FAILED_CODE = "n8n_workflow_failed"
 _ERROR_CODE = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+# What n8n answers a webhook while it starts (`_n8n_starting`).
+N8N_STARTING_TEXT = b"n8n is starting up. Please wait"
+_CANNOT_POST = re.compile(rb"<pre>Cannot [A-Z]+ /[^<]*</pre>")
 # An "in progress" answer without a usable retry_after: ask again in five seconds, a few
 # rounds within a provider's webhook timeout; never sooner than a second, so a trigger that
 # answers 0 is not asked in a tight loop.
@@ -251,6 +256,14 @@ def error_for_response(
     of downstream (`generic` or `n8n`), `n8n_grace_seconds` its window for n8n's "webhook not
     registered" (module docstring)."""
     status = response.status_code
+    if kind == "n8n" and _n8n_starting(response):
+        return TransientError(
+            N8N_NOT_REGISTERED,
+            f"n8n answered {status} while starting: its webhooks are not registered yet",
+            window_seconds=n8n_grace_seconds,
+            status_code=status,
+            not_sent=True,
+        )
     if 200 <= status < 300:
         return None
     code = f"http_{status}"
@@ -303,6 +316,19 @@ def _trigger_failed(response: httpx.Response) -> ActionError | None:
         uncertain=answer.get("effect") != "none",
         status_code=response.status_code,
     )
+
+
+def _n8n_starting(response: httpx.Response) -> bool:
+    """n8n's answers between opening its port and registering its webhook routes (n8n 2.x
+    `AbstractServer`): `200 n8n is starting up. Please wait` while its database migrates, and
+    Express's own `404 Cannot POST /webhook/...` (HTML) until the routes exist. Neither ran a
+    workflow; the 200 must never read as a success."""
+    content = response.content
+    if not content or len(content) > _MAX_ANSWER_BYTES:
+        return False
+    if response.status_code == 200:
+        return content.strip() == N8N_STARTING_TEXT
+    return response.status_code == 404 and _CANNOT_POST.search(content) is not None
 
 
 def _small_json(response: httpx.Response) -> object:

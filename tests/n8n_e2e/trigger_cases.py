@@ -127,7 +127,7 @@ def wait_executions_done(world: World, seconds: float = 40.0) -> None:
 
 def check_result(outcome: Outcome, world: World, key: str, label: str) -> dict[str, Any] | None:
     """The stored result is `{"status_code": 200, "body": {"task_id"}}`, no lease token in it,
-    and the external reference is the task id (the route's pointer `/body/task_id`)."""
+    and the external reference is the task id (the route's pointer `/task_id`)."""
     status, result, external_ref = stored(world, key)
     body = result.get("body") if isinstance(result, dict) else None
     task_id = body.get("task_id") if isinstance(body, dict) else None

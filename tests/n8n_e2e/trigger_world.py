@@ -18,9 +18,9 @@ LOOK_WEBHOOK_ID = "0e7a1c2b-4d5f-4a6b-8c9d-07f1257100ab"
 LOOK_LEASE_SECONDS = 8
 # The route `trigger-look` takes these event types.
 LOOK_EVENT_TYPE = "look.lead.created"
-# Where the route finds the downstream's reference in the stored result ({"status_code",
-# "body"}): the Idem Trigger answers the stored result, Complete's `{task_id}` in 07.
-LOOK_EXTERNAL_REF_POINTER = "/body/task_id"
+# Where the route finds the downstream's reference in the answer's body (stored under
+# "body"): the Idem Trigger answers the claim's result, Complete's `{task_id}` in 07.
+LOOK_EXTERNAL_REF_POINTER = "/task_id"
 LOOK_READ_TIMEOUT_SECONDS = 3
 
 

@@ -196,3 +196,41 @@ def test_a_500_without_the_triggers_body_stays_an_uncertain_http_500() -> None:
     """n8n's own 500 ("Error in workflow") is the uncertain `http_500` it always was."""
     failure = _failure(_answer(500, {"message": "Error in workflow"}), _route(kind="n8n"))
     assert (failure.transient, failure.uncertain, failure.error_code) == (True, True, "http_500")
+
+
+STARTING_404 = (
+    b'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>Error</title>\n'
+    b"</head>\n<body>\n<pre>Cannot POST /webhook/idem-trigger-crm</pre>\n</body>\n</html>\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("status", "content"),
+    [(200, b"n8n is starting up. Please wait"), (404, STARTING_404)],
+)
+def test_n8n_starting_is_not_registered_yet_never_a_success(status: int, content: bytes) -> None:
+    """What n8n answers between opening its port and registering its webhooks (measured in a
+    restart of n8n 2.8.4): on an n8n route a transient `n8n_webhook_not_registered` that was
+    never sent (no attempt spent), the 200 included; on a generic route the 200 is a success and
+    the 404 the permanent `http_404` they always were."""
+    answer = httpx.Response(
+        status, content=content, headers={"content-type": "text/html"}, request=REQUEST
+    )
+    n8n = _failure(answer, _route(kind="n8n"))
+    assert (n8n.transient, n8n.uncertain, n8n.not_sent, n8n.error_code) == (
+        True,
+        False,
+        True,
+        "n8n_webhook_not_registered",
+    )
+    generic = error_for_response(answer, kind="generic")
+    if status == 200:
+        assert generic is None
+    else:
+        assert generic is not None and classify(generic).error_code == "http_404"
+
+
+def test_a_workflow_answering_like_n8n_starting_is_only_matched_exactly() -> None:
+    """A workflow's own 200 whose body merely mentions the words is a success."""
+    answer = _answer(200, {"message": "n8n is starting up. Please wait"})
+    assert error_for_response(answer, kind="n8n") is None
