@@ -76,7 +76,7 @@ const LEASE_FIELDS: INodeProperties[] = [
 		default: '={{ $json.idem.key }}',
 		required: true,
 		description:
-			'The claimed key; by default the one a Claim put on the item, else (left empty too) the claim of the Idem Trigger that started the execution',
+			'The claimed key; by default the one a Claim put on the item, and when that is gone (an HTTP Request replaced the item) the claim of the Idem Trigger that started the execution',
 		displayOptions: show('complete', 'fail', 'heartbeat'),
 	},
 	// Not a password field: it holds an expression reading the item, and the token is on the
@@ -89,7 +89,7 @@ const LEASE_FIELDS: INodeProperties[] = [
 		default: '={{ $json.idem.lease_token }}',
 		required: true,
 		description:
-			'The lease token of the claim; by default the one a Claim put on the item, else (left empty too) the Idem Trigger’s',
+			'The lease token of the claim; by default the one a Claim put on the item, and when that is gone the Idem Trigger’s',
 		displayOptions: show('complete', 'fail', 'heartbeat'),
 	},
 ];

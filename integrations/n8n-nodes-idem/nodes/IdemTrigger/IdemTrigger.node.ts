@@ -131,7 +131,7 @@ export class IdemTrigger implements INodeType {
 			},
 			{
 				displayName:
-					'When the workflow ends, the trigger completes its claim with the last node’s output (without its idem member) and the gateway gets that result; an Idem Complete in the workflow (Key and Lease Token left empty find this trigger’s claim) records its own Result instead. A failed workflow frees the claim for a retry. Connect Look First: a re-run after an earlier execution that may have acted comes out there.',
+					'When the workflow ends, the trigger completes its claim with the last node’s output (without its idem member) and the gateway gets that result; an Idem Complete in the workflow (its Key and Lease Token at their defaults find this trigger’s claim) records its own Result instead. A failed workflow frees the claim for a retry. Connect Look First: a re-run after an earlier execution that may have acted comes out there.',
 				name: 'notice',
 				type: 'notice',
 				default: '',
