@@ -280,6 +280,11 @@ def failed_workflow_frees_the_claim(world: World, outcome: Outcome) -> None:
 RESTART_EVENTS = 5
 EVENT_EVERY_SECONDS = 8.0
 DOWN_SECONDS = 60.0
+# How long the restart case waits for its events once n8n is ready. n8n 2.8.4 opens its port
+# before it registers its webhooks; a request in between may hang past the route's read timeout
+# (an uncertain failure, told to the breaker), and the circuit may then stay open up to the
+# route's circuit_cooldown_cap_seconds (300 s by default) before the events go.
+RESTART_SETTLE_SECONDS = 420.0
 
 
 def _spaced_events(world: World, events: list[dict[str, Any]], accepted: list[int]) -> None:
@@ -307,7 +312,7 @@ def restart_n8n(world: World, outcome: Outcome) -> None:
     ready = time.monotonic()
     outcome.notes.append(f"n8n down {ready - stopped:.0f} s (start included)")
     outcome.check(accepted == [202] * RESTART_EVENTS, f"events -> {accepted}")
-    done = wait_status(world, keys)
+    done = wait_status(world, keys, timeout=RESTART_SETTLE_SECONDS)
     outcome.check(done, f"every key succeeded {time.monotonic() - ready:.1f} s after n8n was ready")
     dead = dead_letters(world, keys)
     outcome.check(dead == 0, f"{dead} dead letter(s)")
@@ -359,6 +364,7 @@ CASES = [
     Case("07 trigger: stored result, first try and re-send", result_shape_first_try_and_resend),
     Case("07 trigger: Look First after an expired lease", look_first_after_expired_lease),
     Case("07 trigger: a failed run frees the claim", failed_workflow_frees_the_claim),
-    Case("07 trigger: n8n restarted while events arrive", restart_n8n),
     Case("07 trigger: re-published while events arrive", republish),
+    # Last: a restart of n8n may leave the route's circuit open for minutes (its note).
+    Case("07 trigger: n8n restarted while events arrive", restart_n8n),
 ]
