@@ -1,7 +1,7 @@
 # One image for every process of the gateway: the receiver, the relay, the Celery worker, the
 # sweeper and the one-shot migration. compose.yaml picks the process with the command (see `idem --help`).
 # An exact Python release on a named Debian release, so a rebuild does not move to another
-# minor version or distribution; add its digest (@sha256:…) where you build (docs/security.md).
+# minor version or distribution; add its digest (@sha256:…) where you build (docs/explanation/security.md).
 FROM python:3.11.14-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

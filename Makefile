@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser iptables pgbouncer run demo test test-slow chaos chaos-net lint format up migrate clean bench flames constraints n8n-e2e node-test
+.PHONY: help install browser iptables pgbouncer run demo test test-slow chaos chaos-net lint format up migrate clean bench flames constraints n8n-e2e node-test docs docs-build schema
 
 help: ## List the targets with what they do
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -93,17 +93,33 @@ ARGS ?=
 chaos-net: install iptables ## Chaos soak across 9 hosts (network namespaces, as root): cut, slow and lossy links (10 min)
 	$(PY) -m tests.chaos.net_soak $(ARGS)
 
-bench: $(BENCH_STAMP) ## Measure throughput, latency and memory, beside the peers, on this machine (~30 min; docs/performance.md)
+bench: $(BENCH_STAMP) ## Measure throughput, latency and memory, beside the peers, on this machine (~30 min; docs/explanation/performance.md)
 	$(PY) -m bench.run
+	@# The performance page opens with this run's table (docs/gen/bench.py).
+	cp bench/results/latest.json docs/bench/latest.json
 
 flames: $(BENCH_STAMP) ## Flame graphs of each process under the end-to-end noop load (py-spy, as root; docs/images/flame-*.svg)
 	$(PY) -m bench.flames --out docs/images
 
-lint: install ## ruff, mypy and the import contracts (lint-imports: contexts never import each other)
+lint: install ## ruff, mypy, the import contracts (contexts never import each other) and the docs site's strict build
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(MKDOCS) build --strict --quiet
+
+# MkDocs with Material (the `docs` extra, in `make install`); the reference pages are generated
+# from the code at every build (docs/gen/hook.py). Material's notice about its successor is not
+# a warning about this site.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
+docs: install ## Build the docs site and serve it at http://127.0.0.1:8001, rebuilt on every change
+	$(MKDOCS) serve --strict --dev-addr 127.0.0.1:8001
+
+docs-build: install ## Build the docs site into build/site; any warning (a broken link or anchor) fails it
+	$(MKDOCS) build --strict
+
+schema: install ## Rewrite migrations/schema.sql from a freshly migrated database (after adding a migration)
+	$(PY) -m docs.gen.schema
 
 format: install ## Apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .

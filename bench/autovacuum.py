@@ -5,8 +5,8 @@ rows: a statement psycopg prepared gets a plan for any parameters after its tent
 on the tables' size then, and only new statistics (an ANALYZE) make PostgreSQL plan it again.
 On a server with autovacuum off, processes that started on the bench's fresh, empty databases
 kept plans that read the whole keys table for every claim: the memory section's worker drained
-123 events/s at 20 000 keys, 327 once its connections were replaced (docs/performance.md).
-Such a server measures a misconfiguration, not the gateway.
+123 events/s at 20 000 keys, 327 once its connections were replaced
+(docs/explanation/performance.md). Such a server measures a misconfiguration, not the gateway.
 
 So when the server's `autovacuum` is off, this thread does what the autovacuum launcher would
 do for each database of the run, with the server's own settings: every `autovacuum_naptime`,

@@ -11,7 +11,7 @@ Two clients: `raw` (default), a minimal HTTP/1.1 client on asyncio streams (abou
 CPU per request here), and `httpx`, one `httpx.AsyncClient` per connection. httpx costs 1.3 to
 1.5 ms of CPU per request on this 2-core machine, and more than 10 ms with one shared pool of
 64 connections (httpcore's pool does work per queued request on every change), so with httpx
-the generator, not the server, is what a run measures. See docs/performance.md.
+the generator, not the server, is what a run measures. See docs/explanation/performance.md.
 """
 
 from __future__ import annotations

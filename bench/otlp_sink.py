@@ -1,6 +1,7 @@
 """`python -m bench.otlp_sink [--port 4318]`: an OTLP/HTTP trace receiver that decodes and
 counts what it gets, then drops it; the cost of tracing measured without a collector's own work
-(docs/performance.md, "Tracing"). Prints the span count by service every 10 s and at the end.
+(docs/explanation/performance.md, "Tracing"). Prints the span count by service every 10 s and at
+the end.
 """
 
 from __future__ import annotations

@@ -7,10 +7,11 @@ from typing import Any
 
 from rich.table import Table
 
-# What each design leaves to its user that the gateway does itself (README, "How failures are
-# handled"): a lost answer reconciled before acting again, a fenced lease (a late worker's write
-# matches nothing), dead letters, replay, and a key remembered after its action (a provider's
-# redelivery a day later is answered, not acted on). From each project's documentation.
+# What each design leaves to its user that the gateway does itself (docs/explanation/
+# guarantees.md, "How failures are handled"): a lost answer reconciled before acting again, a
+# fenced lease (a late worker's write matches nothing), dead letters, replay, and a key
+# remembered after its action (a provider's redelivery a day later is answered, not acted on).
+# From each project's documentation.
 GUARANTEES: dict[str, str] = {
     "idem": "(the reference: all of these)",
     "naive": (

@@ -90,7 +90,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=0,
         help="existing keys of the growth section's large database (override; 10 000 000 for "
-        "docs/scaling.md)",
+        "docs/how-to/scaling-out.md)",
     )
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     parser.add_argument(

@@ -1,4 +1,4 @@
-"""Section 12, scale: the sizing model of docs/scaling.md, checked on this machine.
+"""Section 12, scale: the sizing model of docs/how-to/scaling-out.md, checked on this machine.
 
 The model: every event costs a fixed CPU time in each kind of process (receiver, relay, worker)
 and in PostgreSQL, whatever the number of processes, because nothing the processes share costs

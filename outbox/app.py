@@ -10,6 +10,7 @@ meet here and in `outbox.cli`.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -57,8 +58,8 @@ async def bounded_wait(operation: Awaitable[T], seconds: float) -> T:
     mid-query, first asks the server to cancel the query over a new connection (up to 5 s) and
     then waits for the query again (up to 5 s more). Across a network that silently drops the
     database's packets both waits run out: the 503 came 10 s after the bound (the multi-host
-    soak, docs/reliability.md). So the step runs as a task of its own: at the bound it is
-    cancelled and left to wind down alone (its connection goes back to the pool when it has),
+    soak, docs/explanation/reliability.md). So the step runs as a task of its own: at the bound it
+    is cancelled and left to wind down alone (its connection goes back to the pool when it has),
     and the caller is answered at once. The step may still commit while it winds down; a 503
     never said it had not (the answer of a committed statement can be lost just the same).
     """
@@ -129,7 +130,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
 
     app = Receiver(
         title="idem gateway",
-        version="0.1.0",
+        version=importlib.metadata.version("idem-gateway"),
         summary="Exactly-once side effects for automation workflows.",
         lifespan=lifespan,
         # The schema and its viewers map every endpoint for a scanner: only when asked for.

@@ -139,7 +139,7 @@ def worker(
     pool: str = typer.Option(None, help="threads (default) or prefork (WORKER_POOL)."),
 ) -> None:
     """Run the Celery worker that claims keys and runs actions."""
-    # Routes, not sources: the worker needs no provider's secret (docs/security.md).
+    # Routes, not sources: the worker needs no provider's secret (docs/explanation/security.md).
     load_settings(sources=False)
     args = [sys.executable, "-m", "worker"]
     if concurrency:

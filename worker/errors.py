@@ -19,7 +19,8 @@
 at a status code or an exception type. `error_for_response` reads an HTTP answer, knowing the
 route's kind of downstream:
 
-    any route   409 {"idem": "in_progress", "retry_after": N}: the Idem Trigger node (docs/n8n.md,
+    any route   409 {"idem": "in_progress", "retry_after": N}: the Idem Trigger node
+    (docs/how-to/n8n.md,
                 "The trigger's answers") has this key's execution running: `in_progress`, a
                 wait (`Failure.wait`) that spends no attempt and is never told to the breaker
     any route   500 {"idem": "failed", "retryable": true, "error_code", "effect"}: the Idem
@@ -298,7 +299,7 @@ def error_for_response(
 
 
 def _trigger_failed(response: httpx.Response) -> ActionError | None:
-    """The Idem Trigger's answer for a workflow that failed (docs/n8n.md, "The trigger's
+    """The Idem Trigger's answer for a workflow that failed (docs/how-to/n8n.md, "The trigger's
     answers"), classified as the trigger says; None for any other answer."""
     if response.status_code < 400:
         return None

@@ -20,7 +20,7 @@ the database refuses, a dropped connection) is not retried as a batch: each of i
 then sends its own statement, with a single key's handling.
 
 Under load, about half the claims and successes share a statement, a few keys to each; the
-worker's CPU per event fell by a sixth (docs/performance.md).
+worker's CPU per event fell by a sixth (docs/explanation/performance.md).
 """
 
 from __future__ import annotations

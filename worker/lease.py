@@ -10,8 +10,8 @@ gives the attempt up too, so that in practice a late write never races a new hol
 theory the fence stops it). The clock starts when the renewal was sent, which is no later than
 the database's `now()` that set the lease. A claim whose answer comes back after that window
 has closed (held by the network, then delivered) is given up as the heartbeat begins, before the
-action starts: found by the multi-host soak (docs/reliability.md), where such an action sent a
-second write after another worker had taken the key over.
+action starts: found by the multi-host soak (docs/explanation/reliability.md), where such an action
+sent a second write after another worker had taken the key over.
 
 One keeper thread per process renews every lease the process holds. Most actions finish long
 before their first renewal is due, so holding a lease costs a set insertion, not a thread

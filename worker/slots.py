@@ -14,8 +14,8 @@ longest, and one of eight keys is not passed for ever by single keys.
 
 Waiting for a whole message's slots at once would leave slots idle: under a backlog against a
 1 s downstream, with messages of eight keys, the message at the head of the line would hold
-back slots that had come free until enough more did (docs/performance.md, "Parts started as
-slots free").
+back slots that had come free until enough more did (docs/explanation/performance.md, "Parts
+started as slots free").
 
 Each key gives its slot back when its attempt ends, not when its message does: a key that
 hangs until its route's time limit holds one slot, as it did alone, and its message-mates'
@@ -34,7 +34,7 @@ class Slots:
     Each waiting message waits on an event of its own, and a slot given back wakes only the
     message at the head of the line: up to the worker's concurrency of Celery's threads may
     wait here behind a slow downstream, and waking them all to find the one that may go cost
-    about a millisecond of CPU per attempt (docs/performance.md)."""
+    about a millisecond of CPU per attempt (docs/explanation/performance.md)."""
 
     def __init__(self, size: int | None) -> None:
         self.size = size

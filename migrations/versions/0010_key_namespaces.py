@@ -195,7 +195,7 @@ def _move_keys() -> None:
         # it, so a downstream that remembers the old one cannot recognise an earlier attempt.
         _log.warning(
             "key namespaces: %d moved event keys were still in flight (pending, processing or"
-            " waiting to retry); drain the workers before upgrading (README, Upgrading)",
+            " waiting to retry); drain the workers before upgrading (docs/how-to/upgrading.md)",
             in_flight,
         )
     if stayed:

@@ -16,7 +16,7 @@ Attaching it scans the table once to check its range, under the migration's lock
 Only the outbox is partitioned. A key must be unique across all time (PostgreSQL enforces a
 unique index on a partitioned table only together with the partition key), and it lives a TTL
 after its last change, not after its creation; an event lives as long as its key. Both stay
-single tables, purged in batches (docs/scaling.md, "Partitioning").
+single tables, purged in batches (docs/how-to/scaling-out.md, "Partitioning").
 
 The downgrade copies the rows back into a single table.
 

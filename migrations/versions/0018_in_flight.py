@@ -5,7 +5,7 @@
   read timeout and a margin; a python action's time limit), a renewal moves it with the lease,
   and the holder's outcome sets it to what its last request still needs (nothing after an
   answer). No claim, takeover, re-drive, replay, lane hand-on, resume or release makes the key
-  actionable before it (docs/architecture.md, "The in-flight rule").
+  actionable before it (docs/explanation/architecture.md, "The in-flight rule").
 - `idempotency_keys.delivered_to`: the destinations a fan-out event was delivered to, kept on
   the event's key, so a backfill after a delivery's key was purged adds nothing. Filled here
   from the deliveries that exist, in batches.

@@ -67,7 +67,7 @@ class ActionSettings(BaseModel):
     # Added to a request's connect plus read timeout (or a python action's time limit) for how
     # long it may still reach the downstream after its attempt gave up on it: a slow link or a
     # busy server applies it late. No one else may act on the key before that
-    # (docs/architecture.md, "The in-flight rule").
+    # (docs/explanation/architecture.md, "The in-flight rule").
     in_flight_margin_seconds: float = Field(default=2.0, ge=0, le=600)
 
     # The hard limit of one attempt's action, whatever the action: past it the attempt is
@@ -95,16 +95,16 @@ class ActionSettings(BaseModel):
     # the same day. Sent failures end sooner, at `max_attempts`.
     retry_deadline_seconds: float = Field(default=21_600.0, gt=0)
 
-    # Protecting the downstream (see docs/architecture.md, "Routes under load"), shared by every
-    # worker process and machine through PostgreSQL. Unset limits mean none.
+    # Protecting the downstream (see docs/explanation/architecture.md, "Routes under load"), shared
+    # by every worker process and machine through PostgreSQL. Unset limits mean none.
     # Attempts running at once for this route, across all workers.
     max_in_flight: int | None = Field(default=None, ge=1, le=1000)
     # Requests per second, evenly spaced; `burst` of them may go at once after a quiet spell.
     rate_per_second: float | None = Field(default=None, gt=0, le=10_000)
     burst: int = Field(default=1, ge=1, le=10_000)
     # The circuit breaker judges the route by its recent calls, never one key by itself (see
-    # docs/reliability.md). It opens when, over the last `circuit_window_seconds`, at least
-    # `circuit_minimum_calls` calls reached the downstream and `circuit_failure_rate` of them
+    # docs/explanation/reliability.md). It opens when, over the last `circuit_window_seconds`, at
+    # least `circuit_minimum_calls` calls reached the downstream and `circuit_failure_rate` of them
     # failed transiently, from three different keys or more; or at once on a 429/503 whose
     # Retry-After is longer than backoff_cap_seconds. After the cool-down it is half-open:
     # `circuit_half_open_calls` trial calls from different keys; one answer closes it, that
@@ -127,8 +127,8 @@ class ActionSettings(BaseModel):
     circuit_cooldown_seconds: float = Field(default=10.0, gt=0)
     circuit_cooldown_cap_seconds: float = Field(default=300.0, gt=0)
 
-    # Ordering lanes (docs/architecture.md, "Lanes"). `order_by` names each event's lane: a
-    # JSON pointer into the payload ("/contact/id") or "external_id". Events of one lane are
+    # Ordering lanes (docs/explanation/architecture.md, "Lanes"). `order_by` names each event's
+    # lane: a JSON pointer into the payload ("/contact/id") or "external_id". Events of one lane are
     # acted on one at a time, in lane order: their version with `versions = "supersede"`
     # (compared as `version_format`: integers, or RFC 3339 timestamps), else the order of
     # acceptance. Under supersede a version not newer than the lane's applied one, or older

@@ -5,8 +5,8 @@ time limit) can reach the downstream later: a slow link delays it, a busy server
 late. Whoever acts on the key next looks it up first, and a lookup made before that request
 landed finds nothing and acts again. So no one may act on a key before its last request can no
 longer land: the store keeps that time on the key (`in_flight_until`) and every statement that
-hands a key on honours it (docs/architecture.md, "The in-flight rule"). This module says how
-long that is for a route; the statements are in `outbox.store`.
+hands a key on honours it (docs/explanation/architecture.md, "The in-flight rule"). This module
+says how long that is for a route; the statements are in `outbox.store`.
 """
 
 from __future__ import annotations

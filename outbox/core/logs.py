@@ -79,8 +79,8 @@ QUIET_LIBRARIES = (
     # A line per task received and per task ended (its retry, its expected dead letter), beside
     # the attempt's own `attempt.claimed` and `attempt.finished`, which say more (transition,
     # outcome, error code, duration): two of a worker's four lines per event, and a share of
-    # its CPU per event (docs/performance.md). A task that raises unexpectedly is an ERROR of
-    # `celery.app.trace` and still shows.
+    # its CPU per event (docs/explanation/performance.md). A task that raises unexpectedly is an
+    # ERROR of `celery.app.trace` and still shows.
     "celery.worker.strategy",
     "celery.app.trace",
     # HTTP clients log each request line with its full URL (httpx at INFO, httpcore and

@@ -91,8 +91,8 @@ class Route(ActionSettings):
     schema_file: Path | None = None
 
     # Fan-out: the `[[destinations]]` each event of this route is delivered to, each delivery
-    # a key of its own (docs/architecture.md, "Fan-out"). The route then only matches, checks
-    # and keeps keys; how to act is each destination's.
+    # a key of its own (docs/explanation/architecture.md, "Fan-out"). The route then only matches,
+    # checks and keeps keys; how to act is each destination's.
     fan_out: list[Annotated[str, Field(min_length=1)]] | None = Field(
         default=None, min_length=1, max_length=MAX_FAN_OUT
     )

@@ -1,6 +1,7 @@
 """Configuration from the environment, built by a factory so tests can point at their own servers.
 
-Every knob has a default that runs on a laptop; the README's "Configuration" table lists them.
+Every knob has a default that runs on a laptop; docs/gen/descriptions.toml says what each does
+(the docs site's settings reference, generated from this model).
 """
 
 from __future__ import annotations

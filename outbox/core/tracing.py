@@ -7,7 +7,7 @@ module whatever the configuration, so each entry point begins with one look at a
 with tracing off nothing of OpenTelemetry's SDK or instrumentations is imported by this module,
 and no span, carrier or header is built.
 
-Where the trace goes (docs/architecture.md, "Tracing"):
+Where the trace goes (docs/explanation/architecture.md, "Tracing"):
 - the receiver's HTTP server span (the ASGI instrumentation around the event paths, which take
   a path ahead of FastAPI's own tracing) continues an incoming `traceparent` or starts the
   trace, and its context is stored with the event (`events.trace_context`, written by the

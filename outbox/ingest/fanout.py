@@ -1,5 +1,5 @@
 """An accepted event's deliveries on a fan-out route: one per destination, each with its key and
-its place in the destination's lanes (docs/architecture.md, "Fan-out").
+its place in the destination's lanes (docs/explanation/architecture.md, "Fan-out").
 
 Decided at intake, once: the deliveries are stored with the event in one statement, so a
 duplicate, however many arrive at once, finds them all and makes none. A destination that

@@ -24,8 +24,8 @@ class Receiver(FastAPI):
 
     Every event takes that one path. Sent through the middleware stack, the router and
     FastAPI's request handling, it cost a third more than the handler's own work (instructions
-    counted per request, database left out: docs/performance.md), and it needs none of them:
-    the handler reads the raw request itself and answers with a ready response. So `__call__`
+    counted per request, database left out: docs/explanation/performance.md), and it needs none of
+    them: the handler reads the raw request itself and answers with a ready response. So `__call__`
     hands such a request straight to the handler and maps its exceptions with this app's own
     exception handlers, exactly as the stack would. The route is declared as well, for the
     OpenAPI document and for any request this shortcut does not match. The one middleware,

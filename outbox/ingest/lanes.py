@@ -1,5 +1,5 @@
 """Where an accepted event stands in its route's lanes: the lane its `order_by` names and its
-rank there (docs/architecture.md, "Lanes").
+rank there (docs/explanation/architecture.md, "Lanes").
 
 Decided at intake, once, from what the sender sent: a worker only ever compares what was
 stored. An event the route cannot place is refused before anything is stored (422), since an

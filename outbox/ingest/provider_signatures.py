@@ -13,7 +13,7 @@ as the asymmetric `v1a`, are skipped); Stripe's header may carry several `v1` (a
 rolled) and older `v0` ones, which are skipped; the other two use the secret's UTF-8 bytes as the
 key. Standard Webhooks and Stripe sign a timestamp, held to the source's tolerance. GitHub and
 Shopify sign the body alone: their delivery-id and topic headers are outside the signature, and
-no timestamp bounds a replay (README, "Provider webhooks").
+no timestamp bounds a replay (docs/how-to/providers.md).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 A batch's cost is not its row count. A key's cascade reaches its event, its outbox rows in
 every day partition, its attempts and dead letters; on a warm cache a thousand keys go in a
 tenth of a second, and on a cold one under a busy disk the same thousand took 25 s
-(docs/performance.md, ten million keys). A batch the server cancels at the statement timeout
-has done nothing, and the same batch tried again would be cancelled again: the purge would
+(docs/explanation/performance.md, ten million keys). A batch the server cancels at the statement
+timeout has done nothing, and the same batch tried again would be cancelled again: the purge would
 never move, on the sweeper's schedule or from `idem purge`. So the size follows the time:
 
 - halved when a batch took more than a third of the statement timeout, so the next one stays

@@ -112,8 +112,8 @@ def _warn_without_autovacuum(engine: Engine) -> bool:
     """Say so, once at start, when the server runs no autovacuum: the gateway's statements
     stay fast only while something keeps the tables' statistics current (a claim planned on a
     nearly empty table read the whole table for every key once it had 20 000:
-    docs/architecture.md). True when it warned. A server it cannot ask (down, or refused by
-    a connect-time check) is the sweep's business, logged by each pass: this check never
+    docs/explanation/architecture.md). True when it warned. A server it cannot ask (down, or
+    refused by a connect-time check) is the sweep's business, logged by each pass: this check never
     stops the sweeper from starting."""
     try:
         with engine.connect() as conn:

@@ -32,7 +32,7 @@ Source = Annotated[str | None, typer.Option(help="The sender, e.g. stripe.")]
 Destination = Annotated[
     str | None, typer.Option(help="A fan-out route's destination: its deliveries only.")
 ]
-Id = Annotated[int, typer.Argument(metavar="ID")]
+Id = Annotated[int, typer.Argument(metavar="ID", help="The dead letter's id (idem dlq list).")]
 STATUS_HELP = "failed_retryable, failed_final, quarantined or processing; repeatable."
 
 # Rows of a replay report shown before "… and N more": a screenful; --json lists them all.
@@ -55,8 +55,14 @@ def dlq_list(
     event_type: EventType = None,
     source: Source = None,
     destination: Destination = None,
-    kind: Literal["permanent", "retries_exhausted", "quarantined"] | None = None,
-    status: Literal["open", "replayed", "discarded", "superseded"] | None = None,
+    kind: Annotated[
+        Literal["permanent", "retries_exhausted", "quarantined"] | None,
+        typer.Option(help="Only dead letters of this kind."),
+    ] = None,
+    status: Annotated[
+        Literal["open", "replayed", "discarded", "superseded"] | None,
+        typer.Option(help="Only dead letters in this state."),
+    ] = None,
     since: Instant = None,
     until: Instant = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="Rows per page.")] = 50,

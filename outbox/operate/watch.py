@@ -75,7 +75,7 @@ def _known(name: str, action: str) -> None:
 
 @routes_app.command("pause")
 def routes_pause(
-    name: Annotated[str, typer.Argument(metavar="NAME")],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The route or destination.")],
     reason: Annotated[str, typer.Option(help="Why (kept on record).")],
     by: By = None,
     as_json: AsJson = False,
@@ -101,7 +101,7 @@ def routes_pause(
 
 @routes_app.command("resume")
 def routes_resume(
-    name: Annotated[str, typer.Argument(metavar="NAME")],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The route or destination.")],
     by: By = None,
     as_json: AsJson = False,
 ) -> None:
@@ -129,7 +129,7 @@ def routes_resume(
 
 def stuck_command(
     older_than: Annotated[str, typer.Option(help="How long untouched, e.g. 5m or 2h.")],
-    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 100,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="Rows listed at most.")] = 100,
     as_json: AsJson = False,
 ) -> None:
     """Unfinished keys untouched too long, and lanes a dead letter blocks; exits 1 when there

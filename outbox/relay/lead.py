@@ -3,7 +3,8 @@
 Relays that publish at once are safe (SKIP LOCKED and the claim lease keep them on disjoint
 rows), but every one of them is woken by the same NOTIFY and sends the same statements: a
 second relay doubled the relay's CPU per event and added a third to PostgreSQL's (bench section
-12, docs/scaling.md). So the relays share a lease row, `relay_lead`. Its holder publishes and
+12, docs/how-to/scaling-out.md). So the relays share a lease row, `relay_lead`. Its holder
+publishes and
 renews it every third of RELAY_LEAD_SECONDS; a standby closes its LISTEN connection and checks
 as often, taking the lead once it is free, has run out, or its holder's server process has
 ended. A relay that stops resigns, and one that dies has its connection closed by the server,

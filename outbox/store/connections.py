@@ -1,7 +1,7 @@
 """How many PostgreSQL connections a process may hold, and whether the server has them.
 
 Each process kind keeps a bounded pool, independent of how many attempts or requests it has in
-flight (README, "Sizing"):
+flight (docs/explanation/guarantees.md, "Sizing"):
 
     receiver   DB_POOL_SIZE (20) async + 2 sync (operators, metrics, readiness)
     relay      1 + 1 listening for NOTIFY

@@ -5,7 +5,8 @@ a share of its claim and success statements. Through SQLAlchemy's execution each
 process's CPU about twice what the statement itself does: the execution context, the parameter
 processing, the result wrapper and, in the receiver, the greenlet hops around each (0.40 against
 0.21 ms of the receiver's CPU per `RESERVE_KEY` with 16 in flight; 0.26 against 0.12 ms of a
-worker's per statement; docs/performance.md). So these statements go to psycopg directly, on a
+worker's per statement; docs/explanation/performance.md). So these statements go to psycopg
+directly, on a
 connection checked out of the engine's own pool: the pool, its bounds, its pre-ping and its
 connect-time checks stay the engine's.
 

@@ -85,7 +85,8 @@ def _connect_args(settings: Settings, application_name: str, pooled: bool) -> di
     args: dict[str, Any] = {
         # libpq wants whole seconds, at least 2.
         "connect_timeout": max(2, math.ceil(settings.db_timeout_seconds)),
-        # pg_stat_activity tells the process kinds apart (README's connection budget).
+        # pg_stat_activity tells the process kinds apart (the connection budget of
+        # docs/how-to/scaling-out.md).
         "application_name": application_name,
         **_silent_link_bound(settings),
     }
@@ -203,7 +204,7 @@ def create_relay_engine(settings: Settings) -> Engine:
     because each of its steps is one statement and no transaction may be open while it
     publishes; the statement timeout bounds each step. No pre-ping: its steps go through
     `rows_once_more`, as the worker's do (a ping before every statement was a quarter of the
-    relay's CPU samples under load, docs/performance.md)."""
+    relay's CPU samples under load, docs/explanation/performance.md)."""
     return create_sync_engine(
         settings,
         pool_size=1,

@@ -4,7 +4,7 @@ The decisions themselves are PL/pgSQL functions of migration 0011 (`lane_admit`,
 `lane_supersede_older`), so that each reads what it decides on after taking the lane's row
 lock, and decides and writes in the one call. Triggers of the same migration hand a lane on in
 the very transaction that frees it: a lane key leaving `processing` (any outcome) and a lane's
-dead letter discarded. docs/architecture.md, "Lanes", has the rules.
+dead letter discarded. docs/explanation/architecture.md, "Lanes", has the rules.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Every statement that changes a key's status after it was created is here, and the worker, the
 claims API, the sweeper and replays call these (the receiver's accept statements, which create
 keys, are in `outbox.store.ingest`). A reader can check `TRANSITIONS` against the CHECK
-constraint of `idempotency_keys.status` and against the table in docs/architecture.md; a test
-does both.
+constraint of `idempotency_keys.status` and against the table in docs/explanation/architecture.md;
+a test does both.
 
 Who acts (`actor`, decided when the key is created, never changed):
 - `worker`: a key created by `POST /v1/events`; only the gateway's worker claims it.
@@ -16,7 +16,7 @@ One fencing scheme for both: a claim bumps `fence` and stores a fresh random `le
 matched; a stale holder, or anyone who guessed a number, changes nothing.
 
 "It may still land" (`in_flight_until`) is one too: until then no statement here makes the key
-someone else's (`claiming.LANDED`; docs/architecture.md, "The in-flight rule").
+someone else's (`claiming.LANDED`; docs/explanation/architecture.md, "The in-flight rule").
 
 "It may have happened" (`uncertain`) is a fact on the key: set by a reclaim of an expired lease
 and by every uncertain outcome, kept by every later failure, cleared only by a success or by a

@@ -4,7 +4,7 @@ Real processes (receiver, two relays, several workers, the sweeper) over a Postg
 Redis of the soak's own, a fake CRM that loses, delays and refuses answers per key, clients
 that deliver every event one to four times, and a schedule of kills and restarts. At the end
 every event is checked against the state its key's behaviour makes certain. See
-docs/reliability.md.
+docs/explanation/reliability.md.
 
 `python -m tests.chaos.net_soak` (`make chaos-net`, as root) runs the same traffic across nine
 hosts made of network namespaces (`netns.py`), with links cut, slowed and healed

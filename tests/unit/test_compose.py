@@ -572,12 +572,12 @@ def test_the_edge_caps_connections_per_client_and_bounds_every_wait(
     assert _depends_on(services["proxy"])["edge"]["condition"] == "service_healthy"
 
 
-def test_the_readmes_proxy_example_publishes_the_intake_only() -> None:
-    """Every Caddyfile the README shows forwards only POST /v1/events and /v1/webhooks/* and
-    answers 404 to everything else (the claims, the operator API, the console, /metrics), as
-    docs/security.md says the proxy does."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"```caddyfile\n(.*?)```", readme, re.DOTALL)
+def test_the_docs_proxy_example_publishes_the_intake_only() -> None:
+    """Every Caddyfile the proxy guide shows forwards only POST /v1/events and /v1/webhooks/*
+    and answers 404 to everything else (the claims, the operator API, the console, /metrics),
+    as docs/explanation/security.md says the proxy does."""
+    guide = (ROOT / "docs/how-to/behind-a-proxy.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```caddyfile\n(.*?)```", guide, re.DOTALL)
     assert blocks
     for block in blocks:
         code = "\n".join(line.split("#", 1)[0] for line in block.splitlines())
@@ -608,7 +608,7 @@ def test_no_file_suggests_trusting_every_proxy() -> None:
     """Neither compose.yaml, .env.example, the Caddyfile nor the docs set or suggest
     FORWARDED_ALLOW_IPS=* (with it any client names itself 127.0.0.1)."""
     files = [COMPOSE_FILE, ENV_EXAMPLE, ROOT / "README.md", ROOT / "examples" / "Caddyfile"]
-    files += sorted((ROOT / "docs").glob("*.md"))
+    files += sorted((ROOT / "docs").rglob("*.md"))
     for path in files:
         found = TRUST_EVERYONE.search(path.read_text(encoding="utf-8"))
         assert found is None, f"{path.name}: {found.group(0) if found else ''}"

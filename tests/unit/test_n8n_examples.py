@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "n8n"
-DOC = ROOT / "docs" / "n8n.md"
+DOC = ROOT / "docs" / "how-to" / "n8n.md"
 
 POST_EVENT = "01-post-event.json"
 CLAIM = "02-claim-side-effect.json"
@@ -852,7 +852,7 @@ def test_webhook_paths_are_unique_across_examples() -> None:
 
 
 def test_docs_describe_every_example() -> None:
-    """docs/n8n.md names each example file and examples/n8n/README.md points to it."""
+    """docs/how-to/n8n.md names each example file and examples/n8n/README.md points to it."""
     doc = DOC.read_text(encoding="utf-8")
     for name in EVERY_WORKFLOW:
         assert name in doc, name
@@ -875,11 +875,11 @@ def test_docs_describe_every_example() -> None:
         "img/n8n-idem-node.png",
     ):
         assert needle in doc, needle
-    assert "docs/n8n.md" in (EXAMPLES / "README.md").read_text(encoding="utf-8")
+    assert "docs/how-to/n8n.md" in (EXAMPLES / "README.md").read_text(encoding="utf-8")
 
 
 def test_docs_signing_snippet_is_pasteable_and_sends_the_signed_string() -> None:
-    """The JSON node snippet in docs/n8n.md parses, signs v2 (timestamp, Idempotency-Key and
+    """The JSON node snippet in docs/how-to/n8n.md parses, signs v2 (timestamp, Idempotency-Key and
     body) and sends the signed string as its JSON body with the signed key."""
     doc = DOC.read_text(encoding="utf-8")
     blocks = re.findall(r"```json\n(.*?)```", doc, re.DOTALL)

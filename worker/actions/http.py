@@ -45,8 +45,8 @@ MAX_STORED_BODY_BYTES = 65_536
 # A connection is closed only when idle (every answer read) or after a timeout or an error,
 # when the request is given up: an uncertain attempt. Closed gracefully, the kernel would go
 # on retransmitting such a request for minutes, and it could reach the downstream after the
-# next attempt's lookup had found nothing: a second effect (docs/reliability.md, "Findings of
-# the multi-host soak", 3).
+# next attempt's lookup had found nothing: a second effect (docs/explanation/reliability.md,
+# "Findings of the multi-host soak", 3).
 RESET_ON_CLOSE = (socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 _client: httpx.Client | None = None

@@ -8,7 +8,7 @@ import type { ICredentialTestRequest, ICredentialType, INodeProperties } from 'n
 /** A key no event has: looking it up changes nothing. */
 export const CREDENTIAL_TEST_KEY = 'n8n-credential-test';
 
-// The gateway is self-hosted: its docs (docs/n8n.md) ship with it, at no public URL.
+// The gateway is self-hosted: its docs (docs/how-to/n8n.md) ship with it, at no public URL.
 // eslint-disable-next-line n8n-nodes-base/cred-class-field-documentation-url-missing
 export class IdemApi implements ICredentialType {
 	name = 'idemApi';

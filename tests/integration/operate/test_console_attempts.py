@@ -1,6 +1,7 @@
 """The console's attempt timeline in Debian's headless Chromium: a key refused twice, its answer
 then lost and reconciled, shows its four attempts in order with their codes on the key page and
-on its dead-letter page. The key page's screenshot is the one in the README."""
+on its dead-letter page. The key page's screenshot is the one in
+docs/how-to/replay-and-dead-letters.md."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 late (after its client gave up, or after its client was killed or frozen), counted there.
 
 For each handoff the last request of the key may still land when the next holder would look it
-up; the in-flight rule (docs/architecture.md, "The in-flight rule") keeps everyone off the key
+up; the in-flight rule (docs/explanation/architecture.md, "The in-flight rule") keeps everyone off
+the key
 until it can no longer land, so the lookup finds the late effect and nothing is sent again. An
 ordered object ends at its highest version. The statements a live run cannot reach at the
 right moment (a resume, a circuit release, a backfill after a purge, a re-drive after the

@@ -1,7 +1,7 @@
 """A claim whose answer comes back after the lease's trust window never acts.
 
-Found by the multi-host soak (docs/reliability.md): a worker cut from PostgreSQL had sent a
-claim that the database executed; the answer was held by the network for the whole cut, and
+Found by the multi-host soak (docs/explanation/reliability.md): a worker cut from PostgreSQL had
+sent a claim that the database executed; the answer was held by the network for the whole cut, and
 reached the worker after the lease had run out and another worker had taken the key over and
 acted. The attempt gave the lease up 4 ms later, but its action thread had already passed its
 check and sent the write: a second effect.

@@ -52,6 +52,11 @@ name = "away"
 match = "flow.*"
 name = "flow"
 kind = "n8n"
+{common}
+[[routes]]
+match = "lane.*"
+name = "lane"
+order_by = "/contact/id"
 {common}""",
         encoding="utf-8",
     )
@@ -153,3 +158,46 @@ def test_a_workflow_published_again_gets_its_held_events_without_spending_attemp
     )
     assert downstream.effects == {key: 1 for key in keys}
     assert query(stack.database_url, "SELECT count(*) FROM dead_letters") == [(0,)]
+
+
+def test_an_ordered_route_down_for_a_while_applies_its_lane_in_acceptance_order_once_back(
+    protected: tuple[Stack, Path],
+) -> None:
+    """Four updates of one contact arrive while nothing listens: none spends an attempt or is
+    dead-lettered, and once a server starts on the port they are applied once each, in the
+    order they were accepted."""
+    stack, routes = protected
+    port = free_port()
+    later = Downstream(port=port)
+    _routes(routes, later.url)
+    stack.start_receiver()
+    stack.start_relay()
+    stack.start_worker(concurrency=4)
+    keys = [
+        post_event(
+            stack,
+            {
+                "source": "crm",
+                "event_type": "lane.contact.updated",
+                "external_id": f"contact-7-update-{n}",
+                "payload": {"contact": {"id": 7}, "update": n},
+            },
+        )
+        for n in range(4)
+    ]
+    head = keys[0]
+    wait_until(lambda: _not_sent_rows(stack, head) > MAX_ATTEMPTS, timeout=60, interval=0.5)
+    assert {attempts for _, attempts in key_rows(stack.database_url, keys).values()} == {0}
+    server = later.start()
+    try:
+        wait_until(
+            lambda: set(key_rows(stack.database_url, keys).values()) == {("succeeded", 1)},
+            timeout=90,
+            interval=0.2,
+        )
+        assert later.effects == {key: 1 for key in keys}
+        assert [body["update"] for _, body in later.applied] == [0, 1, 2, 3]
+        assert query(stack.database_url, "SELECT count(*) FROM dead_letters") == [(0,)]
+    finally:
+        server.shutdown()
+        server.server_close()

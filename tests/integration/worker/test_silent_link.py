@@ -1,6 +1,7 @@
 """A worker's statement on a link that went silent fails; it does not wait for the link.
 
-Finding 6 of the multi-host soak (docs/reliability.md): the statement timeout is enforced by
+Finding 6 of the multi-host soak (docs/explanation/reliability.md): the statement timeout is
+enforced by
 the server, and a server that never sees the statement never enforces it, so a pool process
 waited in its statement until the partition healed. The test puts PostgreSQL behind a
 forwarder on a "db" network namespace, connects from a "worker" namespace, then drops every

@@ -86,7 +86,7 @@ def test_tokens_of_words_runs_and_sequences_are_refused(value: str) -> None:
 
 
 def test_openssl_hex_16_passes_over_many_draws() -> None:
-    """`openssl rand -hex 16` (what the README's minimum is measured against) passes in 1 000
+    """`openssl rand -hex 16` (what the docs' token minimum is measured against) passes in 1 000
     seeded draws and 200 fresh ones (never below 10^27 guesses in 3 000 draws measured)."""
     rng = random.Random(25)
     for _ in range(1_000):

@@ -1,5 +1,5 @@
 """The key's state machine as written down: the transition table, the CHECK constraint, the
-statements and docs/architecture.md say the same thing."""
+statements and docs/explanation/architecture.md say the same thing."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ def test_every_state_is_reached_and_every_transition_names_its_statement() -> No
 
 
 def test_architecture_doc_lists_every_transition() -> None:
-    """docs/architecture.md has a table row per transition with its statement."""
-    doc = (ROOT / "docs/architecture.md").read_text()
+    """docs/explanation/architecture.md has a table row per transition with its statement."""
+    doc = (ROOT / "docs/explanation/architecture.md").read_text()
     for transition in TRANSITIONS:
         row = next(
             (line for line in doc.splitlines() if line.startswith(f"| {transition.name} |")), None
