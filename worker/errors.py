@@ -23,12 +23,17 @@ route's kind of downstream:
     (docs/how-to/n8n.md,
                 "The trigger's answers") has this key's execution running: `in_progress`, a
                 wait (`Failure.wait`) that spends no attempt and is never told to the breaker
+    any route   500 {"idem": "failed", "retryable": true, "error_code", "effect"}: the Idem
+                Trigger's workflow failed and its claim was freed: transient with that error
+                code, uncertain unless `effect` is "none"; `retryable: false`, permanent
     kind n8n    404 whose JSON `message` says the webhook "is not registered" (n8n answers so
                 while a workflow is being published and while it starts): transient
                 `n8n_webhook_not_registered`, not uncertain (nothing ran), for
                 `n8n_unregistered_grace_seconds` after the key's first failure; past that,
                 permanent. Told to the breaker like any transient failure: a re-publish fails
-                every key at once, and a short open circuit spares n8n while it comes back
+                every key at once, and a short open circuit spares n8n while it comes back.
+                The same for n8n's answers while it starts: 200 "n8n is starting up. Please
+                wait" (never a success) and Express's HTML 404 "Cannot POST /webhook/..."
 
 Each failure also says whether the effect may exist (`uncertain`): the request may have reached
 the downstream and done its work although no success came back. Uncertain:
@@ -62,6 +67,7 @@ from __future__ import annotations
 import email.utils
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -73,6 +79,13 @@ TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 REFUSED_STATUS = frozenset({408, 425, 429, 503})
 N8N_NOT_REGISTERED = "n8n_webhook_not_registered"
 IN_PROGRESS = "in_progress"
+# The Idem Trigger's answer for a failed workflow, and the error code when it names none usable.
+TRIGGER_FAILED = "failed"
+TRIGGER_FAILED_CODE = "n8n_workflow_failed"
+_ERROR_CODE = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+# What n8n answers a webhook while it starts (`_n8n_starting`).
+N8N_STARTING_TEXT = b"n8n is starting up. Please wait"
+_CANNOT_POST = re.compile(rb"<pre>Cannot [A-Z]+ /[^<]*</pre>")
 # An "in progress" answer without a usable retry_after: ask again in five seconds, a few
 # rounds within a provider's webhook timeout; never sooner than a second, so a trigger that
 # answers 0 is not asked in a tight loop.
@@ -244,6 +257,14 @@ def error_for_response(
     of downstream (`generic` or `n8n`), `n8n_grace_seconds` its window for n8n's "webhook not
     registered" (module docstring)."""
     status = response.status_code
+    if kind == "n8n" and _n8n_starting(response):
+        return TransientError(
+            N8N_NOT_REGISTERED,
+            f"n8n answered {status} while starting: its webhooks are not registered yet",
+            window_seconds=n8n_grace_seconds,
+            status_code=status,
+            not_sent=True,
+        )
     if 200 <= status < 300:
         return None
     code = f"http_{status}"
@@ -254,6 +275,8 @@ def error_for_response(
                 _wait_seconds(answer.get("retry_after"), response, now()),
                 "the Idem Trigger is running this key's execution",
             )
+    if failed := _trigger_failed(response):
+        return failed
     if status == 404 and kind == "n8n" and _n8n_not_registered(_small_json(response)):
         return TransientError(
             N8N_NOT_REGISTERED,
@@ -273,6 +296,40 @@ def error_for_response(
             status_code=status,
         )
     return PermanentError(code, f"downstream answered {status}", status_code=status)
+
+
+def _trigger_failed(response: httpx.Response) -> ActionError | None:
+    """The Idem Trigger's answer for a workflow that failed (docs/how-to/n8n.md, "The trigger's
+    answers"), classified as the trigger says; None for any other answer."""
+    if response.status_code < 400:
+        return None
+    answer = _small_json(response)
+    if not isinstance(answer, dict) or answer.get("idem") != TRIGGER_FAILED:
+        return None
+    given = answer.get("error_code")
+    code = given if isinstance(given, str) and _ERROR_CODE.fullmatch(given) else TRIGGER_FAILED_CODE
+    detail = f"the Idem Trigger's workflow failed ({response.status_code})"
+    if answer.get("retryable") is False:
+        return PermanentError(code, detail, status_code=response.status_code)
+    return TransientError(
+        code,
+        detail,
+        uncertain=answer.get("effect") != "none",
+        status_code=response.status_code,
+    )
+
+
+def _n8n_starting(response: httpx.Response) -> bool:
+    """n8n's answers between opening its port and registering its webhook routes (n8n 2.x
+    `AbstractServer`): `200 n8n is starting up. Please wait` while its database migrates, and
+    Express's own `404 Cannot POST /webhook/...` (HTML) until the routes exist. Neither ran a
+    workflow; the 200 must never read as a success."""
+    content = response.content
+    if not content or len(content) > _MAX_ANSWER_BYTES:
+        return False
+    if response.status_code == 200:
+        return content.strip() == N8N_STARTING_TEXT
+    return response.status_code == 404 and _CANNOT_POST.search(content) is not None
 
 
 def _small_json(response: httpx.Response) -> object:

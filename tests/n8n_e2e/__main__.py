@@ -9,6 +9,7 @@ import sys
 from tests.n8n_e2e import n8n
 from tests.n8n_e2e.cases import CASES, run_case
 from tests.n8n_e2e.fan_out import CASES as FAN_OUT_CASES
+from tests.n8n_e2e.trigger_cases import CASES as TRIGGER_CASES
 from tests.n8n_e2e.world import world
 
 
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     except (n8n.N8nUnavailable, OSError) as error:
         print(f"n8n unavailable: {error}", file=sys.stderr)
         return 2
-    cases = [case for case in [*CASES, *FAN_OUT_CASES] if args.only in case.name]
+    cases = [case for case in [*CASES, *FAN_OUT_CASES, *TRIGGER_CASES] if args.only in case.name]
     outcomes = []
     errors: list[str] = []
     try:

@@ -502,14 +502,16 @@ TRIGGER_WORKFLOW_ID = "idemTriggerCrm01"
 TRIGGER_CRM_SECONDS = 5.0
 
 
-def post_gateway_event(world: World, event: dict[str, Any]) -> httpx.Response:
+def post_gateway_event(
+    world: World, event: dict[str, Any], event_type: str = "trigger.lead.created"
+) -> httpx.Response:
     """The provider's event straight to the gateway (signed v2 as `webform`), event type
-    `trigger.*`: the `trigger` route sends it to 07's Idem Trigger."""
+    `trigger.*` by default: the `trigger` route sends it to 07's Idem Trigger."""
     key = _gateway_key(event)
     body = json.dumps(
         {
             "source": SOURCE,
-            "event_type": "trigger.lead.created",
+            "event_type": event_type,
             "external_id": event["id"],
             "payload": event["data"],
         }

@@ -182,7 +182,10 @@ class N8n:
         for port in (PORT, BROKER_PORT):
             if not _port_free(port):
                 raise N8nUnavailable(f"port {port} is taken: is another n8n running?")
-        with (self.log_dir / "n8n.log").open("ab") as log:
+        path = self.log_dir / "n8n.log"
+        # A restart appends to the log: only this start's lines say it is ready.
+        started_at = path.stat().st_size if path.exists() else 0
+        with path.open("ab") as log:
             self.process = subprocess.Popen(
                 [str(self.binary), "start"],
                 env=self.env(),
@@ -198,7 +201,7 @@ class N8n:
                 ready = httpx.get(f"{self.url}/healthz/readiness", timeout=2).status_code == 200
                 # Published workflows' webhooks are registered after the server is ready; this
                 # line comes once they all are.
-                if ready and ACTIVATED in self.log(tail=100_000):
+                if ready and ACTIVATED in self.log(since=started_at):
                     return
             except httpx.HTTPError:
                 pass
@@ -248,9 +251,16 @@ class N8n:
             if done.status_code != 200:
                 raise N8nUnavailable(f"publish: {done.status_code} {done.text[:300]}")
 
-    def log(self, tail: int = 4000) -> str:
+    def log(self, tail: int = 4000, since: int | None = None) -> str:
+        """The log's last `tail` characters, or everything after byte `since`."""
         path = self.log_dir / "n8n.log"
-        return path.read_text(errors="replace")[-tail:] if path.exists() else ""
+        if not path.exists():
+            return ""
+        if since is not None:
+            with path.open("rb") as log:
+                log.seek(since)
+                return log.read().decode(errors="replace")
+        return path.read_text(errors="replace")[-tail:]
 
 
 def version(binary: Path) -> str:

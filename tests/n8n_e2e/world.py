@@ -33,6 +33,7 @@ from outbox.store.migrate import upgrade
 from tests.n8n_e2e import idem_node
 from tests.n8n_e2e.model import ScriptedModel
 from tests.n8n_e2e.n8n import N8n
+from tests.n8n_e2e.trigger_world import look_route, look_workflow
 from tests.support import (
     CLAIMS_TOKEN,
     PROVIDER_SECRETS,
@@ -136,10 +137,10 @@ def own_database() -> Iterator[str]:
 
 
 def configured(workflow: dict[str, Any], values: dict[str, str]) -> dict[str, Any]:
-    """The workflow with its Config node's values set, as a user does after importing."""
+    """The workflow with its Config nodes' values set, as a user does after importing."""
     copy = json.loads(json.dumps(workflow))
     for node in copy["nodes"]:
-        if node["name"] != "Config":
+        if not node["name"].startswith("Config"):
             continue
         for assignment in node["parameters"]["assignments"]["assignments"]:
             if assignment["name"] in values:
@@ -210,7 +211,8 @@ def example_invoice_fan_out(
 
 def run_routes(path: Path, downstream_url: str, n8n_url: str) -> Path:
     """The run's routes file: tests/support.py's routes (the CRM's `crm.*`, the catch-all ...),
-    with 09's lane route, 07's trigger route and 10's fan-out route before the catch-all (the
+    with 09's lane route, 07's trigger routes (tests/n8n_e2e/trigger_world.py's beside the
+    `trigger` route) and 10's fan-out route before the catch-all (the
     first match wins), 10's destinations, and 09's and 10's sources in place of tests/support.py's
     Stripe source. tests/support.py's own fan-out routes and destinations belong to the
     integration tests, and its route `crm` would share its name with 10's destination: the
@@ -239,7 +241,8 @@ def run_routes(path: Path, downstream_url: str, n8n_url: str) -> Path:
     ]
     catch_all = [r for r in routes if r["match"] == "*"]
     routes = [r for r in routes if r["match"] != "*"]
-    routes += [contacts_route, trigger_route, invoice_route, *catch_all]
+    look = look_route(n8n_url, TRIGGER_SECRET)
+    routes += [contacts_route, trigger_route, look, invoice_route, *catch_all]
     sources = [s for s in base["sources"] if s["name"] != STRIPE_SOURCE]
     sources += [contacts_source, stripe]
     path.write_text(
@@ -334,7 +337,8 @@ def world(binary: Path, keep: bool = False) -> Iterator[World]:
                     },
                 ]
             )
-            n8n.import_workflows(list(workflows.values()))
+            imported = [*workflows.values(), look_workflow(workflows["07-idem-trigger.json"])]
+            n8n.import_workflows(imported)
             n8n.start()
             yield World(stack, rotated, proxy, crm, model, n8n, workflows)
     finally:

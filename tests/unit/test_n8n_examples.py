@@ -761,9 +761,11 @@ def test_send_event_workflow_sends_the_webhook_body() -> None:
     assert "Retry-After" in {h["name"] for h in options["responseHeaders"]["entries"]}
 
 
-def test_trigger_workflow_ends_with_complete_from_the_trigger_item() -> None:
-    """07: the Idem Trigger starts it, the CRM call sends the gateway key as Idempotency-Key,
-    and the last node is the node's Complete with the trigger's claim key and lease token."""
+def test_trigger_workflow_is_safe_with_the_node_defaults() -> None:
+    """07: the Idem Trigger starts it; Act: the CRM call (the gateway key as Idempotency-Key)
+    replaces the item and Complete, its Key and Lease Token left at the defaults, still finds
+    the trigger's claim; Look First: the CRM is asked first, a task found is completed, only a
+    404 leads to the create, a failed lookup ends the run without an item (a retry)."""
     workflow = load(NODE_TRIGGER)
     named = by_name(workflow)
     trigger = named["Idem Trigger"]
@@ -771,15 +773,28 @@ def test_trigger_workflow_ends_with_complete_from_the_trigger_item() -> None:
     assert set(trigger["credentials"]) == {"idemApi"}
     assert trigger["webhookId"] and trigger["parameters"]["path"]
     assert targets(workflow, "Idem Trigger", 0) == ["Config"]
+    assert targets(workflow, "Idem Trigger", 1) == ["Config (look first)"]
     crm = named["CRM: create task"]
     keys = {h["name"]: h["value"] for h in crm["parameters"]["headerParameters"]["parameters"]}
     assert keys["Idempotency-Key"] == "={{ $('Idem Trigger').item.json.key }}"
     assert targets(workflow, "CRM: create task", 0) == ["Idem: complete"]
     complete = named["Idem: complete"]
     assert complete["parameters"]["operation"] == "complete"
-    assert "$('Idem Trigger').item.json.idem.key" in complete["parameters"]["key"]
-    assert "$('Idem Trigger').item.json.idem.lease_token" in complete["parameters"]["leaseToken"]
+    assert "key" not in complete["parameters"] and "leaseToken" not in complete["parameters"]
     assert "Idem: complete" not in workflow["connections"], "Complete is the last node"
+    find = named["CRM: find task"]
+    assert find["parameters"]["method"] == "GET"
+    assert "$('Idem Trigger').item.json.key" in find["parameters"]["url"]
+    assert response_options(find) == {"fullResponse": True, "neverError": True}
+    assert targets(workflow, "Config (look first)", 0) == ["CRM: find task"]
+    assert targets(workflow, "CRM: find task", 0) == ["Found in CRM?"]
+    assert conditions(named["Found in CRM?"])[0]["rightValue"] == 200
+    assert targets(workflow, "Found in CRM?", 0) == ["Task found"]
+    assert targets(workflow, "Task found", 0) == ["Idem: complete"]
+    assert targets(workflow, "Found in CRM?", 1) == ["Not in CRM?"]
+    assert conditions(named["Not in CRM?"])[0]["rightValue"] == 404
+    assert targets(workflow, "Not in CRM?", 0) == ["Config"]
+    assert targets(workflow, "Not in CRM?", 1) == []
 
 
 def test_fan_out_workflow_is_the_n8n_destination_of_the_invoice_route() -> None:

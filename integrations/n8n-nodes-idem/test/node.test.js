@@ -527,3 +527,49 @@ test('dedupe: the gateway unavailable throws (Retry On Fail repeats it)', async 
 		(error) => error instanceof NodeApiError,
 	);
 });
+
+/** `step` inside an execution started by an Idem Trigger named `Gateway`, whose item was `triggerItem`. */
+async function stepAfterTrigger(operation, set, items, answers, triggerItem) {
+	const fake = context({ parameters: {}, answers, items });
+	fake.getNodeParameter = (name, index, fallback) => {
+		if (name === 'operation') return operation;
+		if ((name === 'key' || name === 'leaseToken') && !(name in set)) {
+			// n8n evaluating `$json.idem.key` on an item without `idem`.
+			throw new Error("Cannot read properties of undefined (reading 'key')");
+		}
+		return resolveParameter(operation, set, name, items[index].json, fallback);
+	};
+	fake.getParentNodes = () => [
+		{ name: 'CRM', type: 'n8n-nodes-base.httpRequest' },
+		{ name: 'Gateway', type: 'n8n-nodes-idem.idemTrigger' },
+	];
+	fake.getWorkflowDataProxy = () => ({
+		$: (name) => {
+			if (name !== 'Gateway') throw new Error(`no node ${name}`);
+			return { item: { json: triggerItem } };
+		},
+	});
+	const outputs = await new Idem().execute.call(fake);
+	return { outputs, requests: fake.requests };
+}
+
+test('Idem Trigger → HTTP Request → Complete with the defaults: the trigger’s claim is completed', async () => {
+	// The HTTP Request replaced the item: `$json.idem` is gone.
+	const crmAnswer = [{ json: { id: 'task-7' } }];
+	const triggerItem = { key: 'webform:evt-7', idem: { key: 'n8n-trigger:webform:evt-7', lease_token: '5.tok' } };
+	const done = await stepAfterTrigger('complete', { result: { task_id: 'task-7' } }, crmAnswer, [[200, { status: 'succeeded' }]], triggerItem);
+	assert.equal(done.requests.length, 1);
+	assert.equal(done.requests[0].url, 'http://idem.test/v1/claims/n8n-trigger%3Awebform%3Aevt-7/complete');
+	assert.deepEqual(JSON.parse(done.requests[0].body), { lease_token: '5.tok', result: { task_id: 'task-7' } });
+	assert.equal(done.outputs[0][0].json.idem.status, 'succeeded');
+
+	const failed = await stepAfterTrigger('fail', { errorCode: 'crm_http_500' }, crmAnswer, [[200, { status: 'failed_retryable' }]], triggerItem);
+	assert.ok(failed.requests[0].url.endsWith('/n8n-trigger%3Awebform%3Aevt-7/fail'));
+	assert.equal(JSON.parse(failed.requests[0].body).lease_token, '5.tok');
+
+	// Without a trigger's claim the empty key is still the clear error it was.
+	await assert.rejects(
+		stepAfterTrigger('complete', {}, crmAnswer, [], { key: 'webform:evt-7' }),
+		(error) => error instanceof NodeOperationError && /Key is empty/.test(error.message),
+	);
+});

@@ -193,9 +193,29 @@ const packageJson = require('../package.json');
 
 const GATEWAY_SECRET = 'whsec_' + Buffer.from('an-e2e-delivery-secret-32-bytes!').toString('base64');
 
-/** A webhook call as n8n hands it to the node; `claims` answers the claim request. */
+/**
+ * A webhook call as n8n hands it to the node; `claims` answers the claim request (a function:
+ * each request by its URL). The response object is Express's as far as n8n and the node use it.
+ */
 function webhookCall({ headers, body, claims }) {
 	const sent = { claims: [], reply: null, headers: {} };
+	const response = {
+		statusCode: 200,
+		headersSent: false,
+		setHeader: (name, value) => (sent.headers[name] = value),
+		status(code) {
+			response.statusCode = code;
+			return response;
+		},
+		json(json) {
+			sent.reply = { code: response.statusCode, json };
+			response.headersSent = true;
+			return response;
+		},
+		send(text) {
+			return response.json(text);
+		},
+	};
 	const context = {
 		getCredentials: async () => ({
 			baseUrl: 'http://idem.test:8000',
@@ -207,16 +227,11 @@ function webhookCall({ headers, body, claims }) {
 		getBodyData: () => JSON.parse(body),
 		getNodeParameter: (_name, fallback) => fallback,
 		getWorkflow: () => ({ name: 'trigger test' }),
-		getResponseObject: () => ({
-			setHeader: (name, value) => (sent.headers[name] = value),
-			status(code) {
-				return { json: (json) => (sent.reply = { code, json }) };
-			},
-		}),
+		getResponseObject: () => response,
 		helpers: {
 			httpRequest: async (request) => {
 				sent.claims.push(request);
-				return claims;
+				return typeof claims === 'function' ? claims(request.url) : claims;
 			},
 		},
 	};
@@ -291,4 +306,49 @@ test('a re-send while the execution runs is answered 409 in_progress and starts 
 	assert.equal(sent.reply.code, 409);
 	assert.deepEqual(sent.reply.json, { idem: 'in_progress', retry_after: 3 });
 	assert.equal(sent.headers['Retry-After'], '3');
+});
+
+/** Lets the trigger's asynchronous answer after the run go out. */
+async function settle() {
+	for (let round = 0; round < 5; round++) await new Promise((resolve) => setImmediate(resolve));
+}
+
+test('when n8n answers the last node’s item, the trigger completes the claim and answers the clean result', async () => {
+	const body = '{"id":"evt-2"}';
+	const claims = (url) =>
+		url.endsWith('/complete')
+			? { statusCode: 200, headers: {}, body: JSON.stringify({ status: 'succeeded', key: 'n8n-trigger:webform:evt-2' }) }
+			: { statusCode: 201, headers: {}, body: JSON.stringify({ status: 'claimed', lease_token: '3.lt', uncertain: false }) };
+	const { context, sent } = webhookCall({ headers: signedHeaders('webform:evt-2', body), body, claims });
+	const result = await new IdemTrigger().webhook.call(context);
+	assert.equal(result.workflowData[0].length, 1, 'Act');
+	assert.equal(result.workflowData[1].length, 0, 'Look First');
+	// n8n, once the last node (an HTTP Request: the CRM's answer) has run:
+	const response = context.getResponseObject();
+	response.status(200);
+	response.json({ id: 'task-9', idem: { lease_token: '3.lt' } });
+	await settle();
+	assert.deepEqual(sent.reply, { code: 200, json: { id: 'task-9' } });
+	const complete = sent.claims[1];
+	assert.equal(complete.url, 'http://idem.test:8000/v1/claims/n8n-trigger%3Awebform%3Aevt-2/complete');
+	assert.deepEqual(JSON.parse(complete.body), { lease_token: '3.lt', result: { id: 'task-9' } });
+});
+
+test('when the workflow fails, the trigger frees the claim and answers a classified failure', async () => {
+	const body = '{"id":"evt-3"}';
+	const claims = (url) =>
+		url.endsWith('/fail')
+			? { statusCode: 200, headers: {}, body: JSON.stringify({ status: 'failed_retryable' }) }
+			: { statusCode: 201, headers: {}, body: JSON.stringify({ status: 'claimed', lease_token: '4.lt', uncertain: true }) };
+	const { context, sent } = webhookCall({ headers: signedHeaders('webform:evt-3', body), body, claims });
+	const result = await new IdemTrigger().webhook.call(context);
+	assert.equal(result.workflowData[0].length, 0, 'Act');
+	assert.equal(result.workflowData[1][0].json.uncertain, true, 'Look First');
+	const response = context.getResponseObject();
+	response.status(500);
+	response.json({ message: 'Error in workflow' });
+	await settle();
+	assert.equal(sent.reply.code, 500);
+	assert.deepEqual(sent.reply.json, { idem: 'failed', retryable: true, error_code: 'n8n_workflow_failed', effect: 'unknown' });
+	assert.ok(sent.claims[1].url.endsWith('/fail'));
 });

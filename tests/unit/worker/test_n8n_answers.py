@@ -152,3 +152,85 @@ def test_bad_n8n_settings_are_refused(settings: dict[str, Any], message: str) ->
     fields: dict[str, Any] = {"match": "crm.*", "action": "http", "url": "http://n8n.test"}
     with pytest.raises(ValueError, match=message):
         Route(**{**fields, **settings})
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (
+            500,
+            {
+                "idem": "failed",
+                "retryable": True,
+                "error_code": "n8n_workflow_failed",
+                "effect": "unknown",
+            },
+            (True, True, "n8n_workflow_failed"),
+        ),
+        (
+            500,
+            {"idem": "failed", "retryable": True, "error_code": "crm_down", "effect": "none"},
+            (True, False, "crm_down"),
+        ),
+        (500, {"idem": "failed", "error_code": "not a code!"}, (True, True, "n8n_workflow_failed")),
+        (
+            409,
+            {"idem": "failed", "retryable": False, "error_code": "crm_http_422"},
+            (False, False, "crm_http_422"),
+        ),
+    ],
+)
+def test_a_failed_trigger_workflow_is_classified_as_the_trigger_says(
+    status: int, body: dict[str, Any], expected: tuple[bool, bool, str]
+) -> None:
+    """The Idem Trigger's `{"idem": "failed"}`: transient with its error code (a code that is
+    not one falls back to `n8n_workflow_failed`), uncertain unless `effect` is "none";
+    `retryable: false` permanent. Never a wait; a transient one counts for the breaker."""
+    failure = _failure(_answer(status, body), _route(kind="n8n"))
+    assert (failure.transient, failure.uncertain, failure.error_code) == expected
+    assert not failure.wait
+    assert failure.at_downstream == failure.transient
+
+
+def test_a_500_without_the_triggers_body_stays_an_uncertain_http_500() -> None:
+    """n8n's own 500 ("Error in workflow") is the uncertain `http_500` it always was."""
+    failure = _failure(_answer(500, {"message": "Error in workflow"}), _route(kind="n8n"))
+    assert (failure.transient, failure.uncertain, failure.error_code) == (True, True, "http_500")
+
+
+STARTING_404 = (
+    b'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>Error</title>\n'
+    b"</head>\n<body>\n<pre>Cannot POST /webhook/idem-trigger-crm</pre>\n</body>\n</html>\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("status", "content"),
+    [(200, b"n8n is starting up. Please wait"), (404, STARTING_404)],
+)
+def test_n8n_starting_is_not_registered_yet_never_a_success(status: int, content: bytes) -> None:
+    """What n8n answers between opening its port and registering its webhooks (measured in a
+    restart of n8n 2.8.4): on an n8n route a transient `n8n_webhook_not_registered` that was
+    never sent (no attempt spent), the 200 included; on a generic route the 200 is a success and
+    the 404 the permanent `http_404` they always were."""
+    answer = httpx.Response(
+        status, content=content, headers={"content-type": "text/html"}, request=REQUEST
+    )
+    n8n = _failure(answer, _route(kind="n8n"))
+    assert (n8n.transient, n8n.uncertain, n8n.not_sent, n8n.error_code) == (
+        True,
+        False,
+        True,
+        "n8n_webhook_not_registered",
+    )
+    generic = error_for_response(answer, kind="generic")
+    if status == 200:
+        assert generic is None
+    else:
+        assert generic is not None and classify(generic).error_code == "http_404"
+
+
+def test_a_workflow_answering_like_n8n_starting_is_only_matched_exactly() -> None:
+    """A workflow's own 200 whose body merely mentions the words is a success."""
+    answer = _answer(200, {"message": "n8n is starting up. Please wait"})
+    assert error_for_response(answer, kind="n8n") is None

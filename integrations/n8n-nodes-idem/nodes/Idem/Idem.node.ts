@@ -44,6 +44,7 @@ import {
 	type IdemCredentials,
 	type JsonMap,
 } from './protocol';
+import { leaseToUse, triggerNames, type Lease } from './triggerLease';
 
 type Operation = 'sendEvent' | 'claim' | 'complete' | 'fail' | 'heartbeat' | 'getEvent' | 'dedupe';
 
@@ -74,7 +75,8 @@ const LEASE_FIELDS: INodeProperties[] = [
 		type: 'string',
 		default: '={{ $json.idem.key }}',
 		required: true,
-		description: 'The claimed key; by default the one the Claim operation put on the item',
+		description:
+			'The claimed key; by default the one a Claim put on the item, and when that is gone (an HTTP Request replaced the item) the claim of the Idem Trigger that started the execution',
 		displayOptions: show('complete', 'fail', 'heartbeat'),
 	},
 	// Not a password field: it holds an expression reading the item, and the token is on the
@@ -86,7 +88,8 @@ const LEASE_FIELDS: INodeProperties[] = [
 		type: 'string',
 		default: '={{ $json.idem.lease_token }}',
 		required: true,
-		description: 'The lease token of the claim; by default the one the Claim operation put on the item',
+		description:
+			'The lease token of the claim; by default the one a Claim put on the item, and when that is gone the Idem Trigger’s',
 		displayOptions: show('complete', 'fail', 'heartbeat'),
 	},
 ];
@@ -501,10 +504,59 @@ function leaseOf(
 ): { key?: string; leaseToken?: string } | undefined {
 	if (operation === 'claim' || operation === 'dedupe') return { key: String(context.getNodeParameter('key', index, '') ?? '') };
 	if (operation !== 'complete' && operation !== 'fail' && operation !== 'heartbeat') return undefined;
-	return {
-		key: String(context.getNodeParameter('key', index, '') ?? ''),
-		leaseToken: String(context.getNodeParameter('leaseToken', index, '') ?? ''),
-	};
+	return claimLease(context, index);
+}
+
+/** A parameter's value, '' when its expression cannot be evaluated (`$json.idem` is gone). */
+function parameterText(context: IExecuteFunctions, name: string, index: number): string {
+	try {
+		return String(context.getNodeParameter(name, index, '') ?? '');
+	} catch {
+		return '';
+	}
+}
+
+/**
+ * The claim Complete, Fail and Heartbeat act on: Key and Lease Token as set, else the claim of
+ * the Idem Trigger that started the execution (triggerLease.ts).
+ */
+function claimLease(context: IExecuteFunctions, index: number): Lease {
+	const given = { key: parameterText(context, 'key', index), leaseToken: parameterText(context, 'leaseToken', index) };
+	if (given.key && given.leaseToken) return given;
+	return leaseToUse(given, triggerClaim(context, index));
+}
+
+/**
+ * The `idem` of the Idem Trigger's item in this execution: the item this one descends from,
+ * else the trigger's first item on either output. Undefined when no Idem Trigger started the
+ * execution (a manual run, another trigger).
+ */
+function triggerClaim(context: IExecuteFunctions, index: number): JsonMap | undefined {
+	let names: string[];
+	try {
+		names = triggerNames(context.getParentNodes(context.getNode().name));
+	} catch {
+		return undefined;
+	}
+	for (const name of names) {
+		const reads: Array<(node: IDataObject) => unknown> = [
+			(node) => node.item,
+			(node) => (node.first as (branch?: number) => unknown)(),
+			(node) => (node.first as (branch?: number) => unknown)(0),
+			(node) => (node.first as (branch?: number) => unknown)(1),
+		];
+		for (const read of reads) {
+			try {
+				const proxy = context.getWorkflowDataProxy(index);
+				const item = read((proxy.$ as (nodeName: string) => IDataObject)(name)) as { json?: IDataObject } | undefined;
+				const idem = item?.json?.idem;
+				if (idem && typeof idem === 'object' && !Array.isArray(idem)) return idem as JsonMap;
+			} catch {
+				// Not this way (no paired item, nothing on that output): try the next one.
+			}
+		}
+	}
+	return undefined;
 }
 
 function options(context: IExecuteFunctions, index: number): { correlationId?: string; timeout?: number } {
@@ -552,15 +604,13 @@ function buildRequest(
 	switch (operation) {
 		case 'complete':
 			return completeRequest(credentials, {
-				key: parameter('key') as string,
-				leaseToken: parameter('leaseToken') as string,
+				...claimLease(context, index),
 				result: jsonParameter(parameter('result', '{}'), 'Result'),
 				externalRef: parameter('externalRef', '') as string,
 			});
 		case 'fail':
 			return failRequest(credentials, {
-				key: parameter('key') as string,
-				leaseToken: parameter('leaseToken') as string,
+				...claimLease(context, index),
 				errorCode: parameter('errorCode') as string,
 				retryable: parameter('retryable', true) as boolean,
 				effect: parameter('effect', 'unknown') as Effect,
@@ -568,8 +618,7 @@ function buildRequest(
 			});
 		case 'heartbeat':
 			return heartbeatRequest(credentials, {
-				key: parameter('key') as string,
-				leaseToken: parameter('leaseToken') as string,
+				...claimLease(context, index),
 				leaseSeconds: parameter('leaseSeconds', 60) as number,
 			});
 		case 'dedupe':

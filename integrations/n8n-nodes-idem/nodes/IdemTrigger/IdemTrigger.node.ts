@@ -1,18 +1,28 @@
 import type {
 	IDataObject,
+	INodeExecutionData,
 	INodeType,
 	INodeTypeDescription,
 	IWebhookFunctions,
 	IWebhookResponseData,
 } from 'n8n-workflow';
 
-import { claimRequest, parseBody, type GatewayAnswer, type IdemCredentials } from '../Idem/protocol';
+import {
+	claimRequest,
+	parseBody,
+	type GatewayAnswer,
+	type GatewayRequest,
+	type IdemCredentials,
+} from '../Idem/protocol';
+import { answerAfterRun, type Call, type RunAnswer } from './afterRun';
 import {
 	DEFAULT_LEASE_SECONDS,
+	TRIGGER_OUTPUT_NAMES,
 	claimKeyFor,
 	splitSecrets,
 	triggerAction,
 	triggerItem,
+	triggerOutput,
 	verifyDelivery,
 	type Reply,
 } from './trigger';
@@ -25,14 +35,53 @@ interface TriggerCredentials extends IdemCredentials {
 	deliverySigningSecret?: string;
 }
 
+type WebhookResponse = ReturnType<IWebhookFunctions['getResponseObject']>;
+
+/**
+ * n8n answers the webhook once the last node finishes, through the response object (its
+ * `json`, or `send` for a text body). The trigger takes that answer over: `decide` turns it
+ * into the claim's outcome and the answer the gateway gets. Anything n8n sends after the first
+ * answer is dropped (there is none in n8n 2.x).
+ */
+function answerWhenRunEnds(response: WebhookResponse, decide: (run: RunAnswer) => Promise<Reply>): void {
+	const json = response.json.bind(response);
+	const send = response.send.bind(response);
+	let taken = false;
+	const take = (body: unknown): WebhookResponse => {
+		if (taken) return response;
+		taken = true;
+		response.json = json;
+		response.send = send;
+		const run: RunAnswer = { statusCode: response.statusCode, body };
+		void decide(run)
+			.catch(
+				(): Reply => ({
+					statusCode: 502,
+					body: { idem: 'unavailable', error: 'trigger_error' },
+					headers: { 'Retry-After': '5' },
+				}),
+			)
+			.then((reply) => {
+				if (response.headersSent) return;
+				response.status(reply.statusCode);
+				for (const [name, value] of Object.entries(reply.headers)) response.setHeader(name, value);
+				json(reply.body);
+			});
+		return response;
+	};
+	response.json = ((body: unknown) => take(body)) as WebhookResponse['json'];
+	response.send = ((body: unknown) =>
+		take(typeof body === 'string' || Buffer.isBuffer(body) ? parseBody(body) : body)) as WebhookResponse['send'];
+}
+
 /**
  * Starts one execution per gateway key however often the gateway sends it. The delivery's
  * Standard Webhooks signature is checked (401, nothing started, when it is wrong), then the key
- * is claimed through the gateway's claims API: claimed starts the execution, a key whose
- * execution still runs is answered 409 in_progress (the gateway waits and asks again without
- * spending an attempt), a finished one is answered with its stored result. The gateway gets
- * the workflow's answer when its last node finishes: end the workflow with the Idem node's
- * Complete, which records the result under the claim.
+ * is claimed through the gateway's claims API: claimed starts the execution (on Look First when
+ * an earlier one may have acted), a key whose execution still runs is answered 409 in_progress
+ * (the gateway waits and asks again without spending an attempt), a finished one is answered
+ * with its stored result. When the execution ends the trigger records its outcome under the
+ * claim (afterRun.ts) and answers the gateway the same result a re-send would get.
  */
 export class IdemTrigger implements INodeType {
 	description: INodeTypeDescription = {
@@ -47,13 +96,14 @@ export class IdemTrigger implements INodeType {
 		activationMessage: 'Point a gateway route with signing_secret at the production URL.',
 		defaults: { name: 'Idem Trigger' },
 		inputs: [],
-		outputs: ['main'],
+		outputs: TRIGGER_OUTPUT_NAMES.map((displayName) => ({ type: 'main', displayName })),
 		credentials: [{ name: 'idemApi', required: true }],
 		webhooks: [
 			{
 				name: 'default',
 				httpMethod: 'POST',
-				// The gateway gets the workflow's answer: the last node's first item, once it ran.
+				// The execution's end is taken over by the trigger (answerWhenRunEnds): it records
+				// the last node's first item, or the failure, under the claim, then answers.
 				responseMode: 'lastNode',
 				responseData: 'firstEntryJson',
 				path: '={{$parameter["path"]}}',
@@ -81,7 +131,7 @@ export class IdemTrigger implements INodeType {
 			},
 			{
 				displayName:
-					'End the workflow with the Idem node’s Complete (Key and Lease Token from this trigger’s item): the gateway receives the last node’s output, and the key’s re-sends are answered from the claim.',
+					'When the workflow ends, the trigger completes its claim with the last node’s output (without its idem member) and the gateway gets that result; an Idem Complete in the workflow (its Key and Lease Token at their defaults find this trigger’s claim) records its own Result instead. A failed workflow frees the claim for a retry. Connect Look First: a re-run after an earlier execution that may have acted comes out there.',
 				name: 'notice',
 				type: 'notice',
 				default: '',
@@ -139,23 +189,25 @@ export class IdemTrigger implements INodeType {
 			workflow: this.getWorkflow().name,
 			correlationId,
 		});
-		let answer: GatewayAnswer | undefined;
-		try {
-			const response = await this.helpers.httpRequest({
-				method: claim.method,
-				url: claim.url,
-				headers: claim.headers,
-				body: claim.body,
-				json: false,
-				encoding: 'text',
-				returnFullResponse: true,
-				ignoreHttpStatusErrors: true,
-				timeout: CLAIM_TIMEOUT_MS,
-			});
-			answer = { statusCode: response.statusCode, headers: { ...response.headers }, body: response.body };
-		} catch {
-			answer = undefined;
-		}
+		const call: Call = async (one: GatewayRequest) => {
+			try {
+				const response = await this.helpers.httpRequest({
+					method: one.method,
+					url: one.url,
+					headers: one.headers,
+					body: one.body,
+					json: false,
+					encoding: 'text',
+					returnFullResponse: true,
+					ignoreHttpStatusErrors: true,
+					timeout: CLAIM_TIMEOUT_MS,
+				});
+				return { statusCode: response.statusCode, headers: { ...response.headers }, body: response.body };
+			} catch {
+				return undefined;
+			}
+		};
+		const answer: GatewayAnswer | undefined = await call(claim);
 		const action = triggerAction(answer);
 		if (!action.start) return reply(action.reply);
 		const item = triggerItem({
@@ -165,6 +217,12 @@ export class IdemTrigger implements INodeType {
 			claim: action.idem,
 			correlationId,
 		});
-		return { workflowData: [[{ json: item as IDataObject }]] };
+		const leaseToken = String(action.idem.lease_token ?? '');
+		answerWhenRunEnds(this.getResponseObject(), async (run) =>
+			answerAfterRun(run, { credentials, key: claimKey, leaseToken }, call),
+		);
+		const outputs: INodeExecutionData[][] = TRIGGER_OUTPUT_NAMES.map(() => []);
+		outputs[triggerOutput(action.idem)].push({ json: item as IDataObject });
+		return { workflowData: outputs };
 	}
 }

@@ -3,7 +3,9 @@
  * checks them: the Standard Webhooks signature of a gateway delivery, the claim key a delivery
  * is held under, and what to do with each answer of the claims API.
  *
- *   201 claimed               start the execution (the item carries the lease token)
+ *   201 claimed               start the execution (the item carries the lease token): on
+ *                             Act, or on Look First when the claim is `uncertain` (an earlier
+ *                             execution's lease ran out or it failed: it may have acted)
  *   200 already_succeeded     answer 200 with the stored result; start nothing
  *   409 in_progress           answer 409 {"idem": "in_progress", "retry_after": N}: the
  *                             gateway waits N s and sends again without spending an attempt
@@ -186,10 +188,21 @@ export function triggerAction(answer: GatewayAnswer | undefined): TriggerAction 
 	};
 }
 
+/** The trigger's outputs, in order: a first run acts, a re-run after an uncertain one looks. */
+export const TRIGGER_OUTPUT_NAMES = ['Act', 'Look First'] as const;
+export const ACT_OUTPUT = 0;
+export const LOOK_FIRST_OUTPUT = 1;
+
+/** The output a claimed delivery starts on: Look First when the claim says `uncertain`. */
+export function triggerOutput(claim: JsonMap): number {
+	return claim.uncertain === true ? LOOK_FIRST_OUTPUT : ACT_OUTPUT;
+}
+
 /**
  * The execution's item: the event (the delivery's body), the gateway's key, the claim's
- * attempt and `uncertain`, the correlation id, and under `idem` the claim (its key and lease
- * token), where the Idem node's Heartbeat, Complete and Fail find them.
+ * attempt and `uncertain`, the earlier attempt's error code (`previous_error_code`, on Look
+ * First), the correlation id, and under `idem` the claim (its key and lease token), where the
+ * Idem node's Heartbeat, Complete and Fail find it.
  */
 export function triggerItem(input: {
 	event: unknown;
@@ -206,6 +219,7 @@ export function triggerItem(input: {
 		key: input.gatewayKey,
 		attempt: typeof claim.attempt === 'number' ? claim.attempt : 1,
 		uncertain: claim.uncertain === true,
+		previous_error_code: typeof claim.previous_error_code === 'string' ? claim.previous_error_code : null,
 		idem: { ...claim, key: input.claimKey, gateway_key: input.gatewayKey },
 	};
 	if (correlationId) item.correlation_id = correlationId;
