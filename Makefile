@@ -37,7 +37,7 @@ pgbouncer: ## Debian's pgbouncer, for the tests through a transaction pool (apt-
 	    --no-install-recommends pgbouncer; } 2>&1 ) || { echo "$$out"; exit 1; }; \
 	else echo "make pgbouncer: no pgbouncer; the tests through PgBouncer will be skipped"; fi
 
-patroni: ## Debian's patroni and etcd-server, for the soak over a Patroni cluster (apt-get, as root; make chaos-ha runs it)
+patroni: ## Debian's patroni and etcd-server, for the soak over a Patroni cluster (apt-get, as root; make test and make chaos-ha run it)
 	@if [ -x /usr/bin/patroni ] && command -v etcd >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "make patroni: apt-get install --no-install-recommends patroni etcd-server"; \
@@ -81,7 +81,7 @@ demo: install ## Tell the story: a lost CRM answer, a redelivery, still one task
 # not end with one process idle behind the other's long soaks (8.7 min instead of 11.3 for
 # the same 1 827 tests).
 TEST_WORKERS ?= 2
-test: install browser iptables pgbouncer ## Run the test suite (real PostgreSQL, Redis and Celery workers; slow soaks excluded)
+test: install browser iptables pgbouncer patroni ## Run the test suite (real PostgreSQL, Redis and Celery workers; slow soaks excluded)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 test-slow: $(BENCH_STAMP) ## Run the slow soaks only (route protection on real processes; n8n when installed; the bench's peers)
