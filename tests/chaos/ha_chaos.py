@@ -25,35 +25,41 @@ from tests.chaos import check
 from tests.chaos.client import Answer
 from tests.chaos.crm import FakeCrm
 from tests.chaos.ha_cluster import Cluster
+from tests.chaos.ha_rabbit import RabbitCluster
 from tests.chaos.net_chaos import Active, NetChaos, say
 from tests.chaos.net_fleet import NetFleet
 from tests.chaos.net_plan import NetFault
 from tests.chaos.netns import Network
 
-HA_KINDS = ("kill_primary", "isolate_primary", "switchover", "kill_standby")
+PG_KINDS = ("kill_primary", "isolate_primary", "switchover", "kill_standby")
+# The RabbitMQ cluster's, when the soak runs one: a node killed, a node partitioned away.
+BROKER_KINDS = ("kill_broker_node", "isolate_broker_node")
+HA_KINDS = PG_KINDS + BROKER_KINDS
 # How long a killed node stays down, and a partitioned primary away, before it comes back.
 DOWN_SECONDS = 25.0
 # How long the watcher waits for a new primary after a fault.
 PROMOTION_PATIENCE = 90.0
 
 
-def plan_ha_faults(seed: int, duration: float, short: bool) -> list[NetFault]:
-    """A short run: the primary killed, then a switchover. A full run: rounds of every kind,
-    over 5-80 % of `duration`, a fault every `gap` seconds so each one's aftermath is its own."""
+def plan_ha_faults(seed: int, duration: float, short: bool, broker: bool) -> list[NetFault]:
+    """A short run: the primary killed, a broker node killed (with a RabbitMQ cluster), then a
+    switchover. A full run: rounds of every kind, over 10-80 % of `duration`, a fault every
+    `gap` seconds so each one's aftermath is its own."""
     rng = random.Random(f"ha-faults:{seed}")
+    every = PG_KINDS + (BROKER_KINDS if broker else ())
     if short:
-        kinds = ["kill_primary", "switchover"]
+        kinds = ["kill_primary", *(["kill_broker_node"] if broker else []), "switchover"]
     else:
-        kinds = list(HA_KINDS)
-        rounds = max(1, int(0.75 * duration // (len(kinds) * 45)))
-        kinds = [kind for _ in range(rounds) for kind in rng.sample(HA_KINDS, len(HA_KINDS))]
+        rounds = max(1, int(0.75 * duration // (len(every) * 45)))
+        kinds = [kind for _ in range(rounds) for kind in rng.sample(every, len(every))]
     start, window = 0.1 * duration, 0.7 * duration
     gap = window / len(kinds)
     faults = []
     for i, kind in enumerate(kinds):
         at = round(start + i * gap + rng.uniform(0, 0.1 * gap), 1)
         seconds = 0.0 if kind == "switchover" else DOWN_SECONDS
-        faults.append(NetFault(at, seconds, kind, "primary" if "primary" in kind else "standby"))
+        target = "broker" if kind in BROKER_KINDS else kind.split("_")[-1]
+        faults.append(NetFault(at, seconds, kind, target))
     return faults
 
 
@@ -69,9 +75,12 @@ class HaChaos(NetChaos):
         now: Any,
         seed: int,
         cluster: Cluster,
+        rabbit: RabbitCluster | None = None,
     ) -> None:
         super().__init__(faults, net, fleet, crm, now, seed)
         self.cluster = cluster
+        self.rabbit = rabbit
+        self.broker_turn = 0  # the broker nodes take turns, the first (every client's) first
         self.hit: dict[int, str] = {}  # id(fault) -> the node it hit
         # Per fault (its index in `log`): when it was done, and when a new primary took office.
         self.times: dict[int, dict[str, Any]] = {}
@@ -79,6 +88,8 @@ class HaChaos(NetChaos):
     def _do(self, fault: NetFault) -> dict[str, Any]:
         if fault.kind not in HA_KINDS:
             return super()._do(fault)
+        if fault.kind in BROKER_KINDS:
+            return self._broker_fault(fault)
         old = self.cluster.leader()
         if fault.kind == "kill_standby":
             standbys = self.cluster.standbys(synchronous=True)
@@ -105,6 +116,19 @@ class HaChaos(NetChaos):
         times = self.times[len(self.log)] = done
         if fault.kind != "kill_standby":
             threading.Thread(target=self._watch_promotion, args=(times, old), daemon=True).start()
+        return record
+
+    def _broker_fault(self, fault: NetFault) -> dict[str, Any]:
+        assert self.rabbit is not None, "a broker fault without a RabbitMQ cluster"
+        node = self.rabbit.nodes[self.broker_turn % len(self.rabbit.nodes)]
+        self.broker_turn += 1
+        record: dict[str, Any] = {"host": node, "node": node}
+        if fault.kind == "kill_broker_node":
+            record["pids"] = self.rabbit.kill_node(node)
+        else:
+            self.net.isolate(node)
+        self.hit[id(fault)] = node
+        self.times[len(self.log)] = {"done_wall": time.time(), "at": self.now()}
         return record
 
     def _watch_promotion(self, times: dict[str, Any], old: str | None) -> None:
@@ -139,8 +163,11 @@ class HaChaos(NetChaos):
         self.active.remove(active)
         node = self.hit.pop(id(fault), None)
         try:
-            if node is not None and fault.kind == "isolate_primary":
+            if node is not None and fault.kind.startswith("isolate"):
                 self.net.rejoin(node)
+            elif node is not None and fault.kind == "kill_broker_node":
+                assert self.rabbit is not None
+                self.rabbit.start_node(node)
             elif node is not None:
                 self.cluster.start_node(node)
         except Exception as error:
@@ -175,6 +202,13 @@ def recovery(
                 (since,),
             ).fetchone()
             succeeded = float(found[0]) if found and found[0] is not None else None
+            # What a lost broker node costs: the relay's first message through the cluster.
+            found = conn.execute(
+                "SELECT extract(epoch FROM min(published_at)) FROM outbox"
+                " WHERE published_at >= to_timestamp(%s)",
+                (since,),
+            ).fetchone()
+            published = float(found[0]) if found and found[0] is not None else None
             rows.append(
                 {
                     "what": fault["what"],
@@ -183,10 +217,11 @@ def recovery(
                     "promoted_after": round(since - began, 2) if since != began else None,
                     "first_accepted_after": round(min(accepted) - began, 2) if accepted else None,
                     "first_succeeded_after": round(succeeded - began, 2) if succeeded else None,
+                    "first_published_after": round(published - began, 2) if published else None,
                 }
             )
     summary: dict[str, Any] = {"faults": rows}
-    for name in ("first_accepted_after", "first_succeeded_after"):
+    for name in ("first_accepted_after", "first_succeeded_after", "first_published_after"):
         values = [r[name] for r in rows if r[name] is not None]
         summary[name] = {
             "p50": round(statistics.median(values), 2) if values else None,

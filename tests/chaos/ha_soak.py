@@ -30,7 +30,8 @@ from typing import Any
 
 from outbox.store.embedded import terminate
 from outbox.store.migrate import upgrade
-from tests.chaos import ha_cluster, netns, plan
+from tests.brokers import RabbitNode
+from tests.chaos import ha_cluster, ha_rabbit, netns, plan
 from tests.chaos.client import Sender
 from tests.chaos.crm import FakeCrm
 from tests.chaos.ha_chaos import HaChaos, plan_ha_faults, recovery
@@ -57,6 +58,8 @@ HOSTS = {
     "worker-2": 52,
 }
 NODES = ["pg-1", "pg-2", "pg-3"]
+# With --rabbitmq: the broker is a three-node RabbitMQ cluster instead of the Redis on "broker".
+RABBIT_HOSTS = {"rmq-1": 61, "rmq-2": 62, "rmq-3": 63}
 WORKERS = ("worker-1", "worker-2")
 EVENTS_PER_SECOND = 5
 SHORT_SECONDS = 100.0
@@ -79,18 +82,28 @@ def soak(args: argparse.Namespace, seed: int, base: Path, net: netns.Network) ->
     cluster = ha_cluster.Cluster(
         net, base / "cluster", NODES, synchronous=not args.async_replication, log_dir=run.log_dir
     )
+    rabbit = None
+    if args.rabbitmq:
+        rabbit = ha_rabbit.RabbitCluster(net, base / "rabbitmq", list(RABBIT_HOSTS), run.log_dir)
     redis_process = crm = None
     began = time.monotonic()
     try:
-        redis_process, redis_url = start_redis(net, base / "redis")
+        if rabbit is None:
+            redis_process, redis_url = start_redis(net, base / "redis")
         with net.entered("client"):
             cluster.start()
             say(f"chaos-ha: Patroni cluster up after {time.monotonic() - began:.1f} s")
+            if rabbit is not None:
+                rabbit.start()
+                redis_url = ""
+                say(f"chaos-ha: RabbitMQ cluster up after {time.monotonic() - began:.1f} s")
             database_url = run.database_url = cluster.database_url()
             crm = run.crm = FakeCrm(seed, host=net.ip("client")).start()
             upgrade(database_url)
             routes = write_routes(base / "routes.toml", crm.url, args.max_attempts)
             env = gateway_env(net, database_url, redis_url, routes, args)
+            if rabbit is not None:
+                env["BROKER_URL"] = rabbit.url()
             # Each host's own pools: three nodes' worth of connections is not the limit here.
             fleet = NetFleet(env, run.log_dir, metrics_root, net=net, concurrency=args.concurrency)
             run.fleet = fleet
@@ -99,7 +112,7 @@ def soak(args: argparse.Namespace, seed: int, base: Path, net: netns.Network) ->
             run.events, deliveries = plan.plan_events(
                 seed, args.events, args.seconds, args.claims_share
             )
-            faults = plan_ha_faults(seed, args.seconds, args.short)
+            faults = plan_ha_faults(seed, args.seconds, args.short, broker=rabbit is not None)
             receivers = [fleet.url("receiver-1"), fleet.url("receiver-2")]
             run.posted = [d for d in deliveries if d.event.via == plan.VIA_EVENTS]
             run.claimed = [d for d in deliveries if d.event.via == plan.VIA_CLAIMS]
@@ -108,7 +121,7 @@ def soak(args: argparse.Namespace, seed: int, base: Path, net: netns.Network) ->
             workflows = run.workflows = Workflows(
                 receivers, crm, run.claimed, run.claims_token, seed
             )
-            chaos = HaChaos(faults, net, fleet, crm, sender.now, seed, cluster)
+            chaos = HaChaos(faults, net, fleet, crm, sender.now, seed, cluster, rabbit)
             run.chaos = chaos
             warm_up(fleet, run.claims_token)
             say(f"chaos-ha: {len(run.posted)} event and {len(run.claimed)} claims deliveries")
@@ -132,6 +145,8 @@ def soak(args: argparse.Namespace, seed: int, base: Path, net: netns.Network) ->
     finally:
         run.stop()
         cluster.stop()
+        if rabbit is not None:
+            rabbit.stop()
         if redis_process is not None:
             terminate([redis_process])
         if crm is not None:
@@ -166,9 +181,10 @@ def _report_recovery(run: Run, chaos: HaChaos, code: int) -> int:
             f"chaos-ha: {row['what']} ({row['node']} -> {row['new_primary']}):"
             f" promoted after {row['promoted_after']} s, first accepted event after"
             f" {row['first_accepted_after']} s, first succeeded key after"
-            f" {row['first_succeeded_after']} s"
+            f" {row['first_succeeded_after']} s, first message published after"
+            f" {row['first_published_after']} s"
         )
-    for name in ("first_accepted_after", "first_succeeded_after"):
+    for name in ("first_accepted_after", "first_succeeded_after", "first_published_after"):
         say(f"chaos-ha: {name}: {figures[name]}")
     for problem in problems:
         say(f"chaos-ha: violation: {problem}")
@@ -194,12 +210,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="no synchronous standby (synchronous_mode off): measures what a failover loses",
     )
+    parser.add_argument(
+        "--rabbitmq",
+        action="store_true",
+        help="the broker is a three-node RabbitMQ cluster (quorum queue), its nodes lost too",
+    )
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     args = parser.parse_args(argv)
     args.seconds = args.seconds or (SHORT_SECONDS if args.short else 600.0)
     args.events = args.events or round(EVENTS_PER_SECOND * args.seconds)
 
     reason = netns.unavailable() or ha_cluster.unavailable()
+    if reason is None and args.rabbitmq and RabbitNode.script() is None:
+        reason = "no rabbitmq-server for --rabbitmq (Debian: apt-get install rabbitmq-server)"
     if reason is not None:
         say(f"chaos-ha: cannot run here: {reason}")
         return 2
@@ -212,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     args.started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     base = Path(tempfile.mkdtemp(prefix="idem-chaos-ha-"))
-    net = netns.Network(HOSTS)
+    net = netns.Network({**HOSTS, **(RABBIT_HOSTS if args.rabbitmq else {})})
     say(f"chaos-ha: seed {seed}, {args.seconds:g} s, {args.events} events, in {net.prefix}-*")
     try:
         net.build()
