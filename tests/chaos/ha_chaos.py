@@ -92,15 +92,22 @@ class HaChaos(NetChaos):
             return self._broker_fault(fault)
         old = self.cluster.leader()
         if fault.kind == "kill_standby":
-            standbys = self.cluster.standbys(synchronous=True)
+            standbys = self.cluster.standbys(synchronous=self.cluster.synchronous)
             if not standbys:
-                raise RuntimeError(f"no synchronous standby: {self.cluster.members()}")
+                raise RuntimeError(f"no standby to kill: {self.cluster.members()}")
             node = standbys[0]
         elif old is None:
             raise RuntimeError(f"no primary: {self.cluster.members()}")
         else:
             node = old
         record: dict[str, Any] = {"host": node, "node": node, "primary_before": old}
+        # How far each replica was behind, as Patroni last reported it (bytes of WAL): what an
+        # asynchronous failover may lose.
+        record["replica_lag_bytes"] = {
+            str(m["name"]): m.get("lag")
+            for m in self.cluster.members()
+            if m.get("role") != "leader"
+        }
         # A switchover's request returns once it is done: its clock starts when it is asked.
         asked = {"done_wall": time.time(), "at": self.now()}
         match fault.kind:
@@ -213,6 +220,7 @@ def recovery(
                 {
                     "what": fault["what"],
                     "node": fault.get("node"),
+                    "replica_lag_bytes": fault.get("replica_lag_bytes"),
                     "new_primary": fault.get("new_primary"),
                     "promoted_after": round(since - began, 2) if since != began else None,
                     "first_accepted_after": round(min(accepted) - began, 2) if accepted else None,

@@ -17,6 +17,7 @@ first succeeded key. Exits 1 on any violation, 2 if it could not run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import shutil
@@ -93,6 +94,11 @@ def soak(args: argparse.Namespace, seed: int, base: Path, net: netns.Network) ->
         with net.entered("client"):
             cluster.start()
             say(f"chaos-ha: Patroni cluster up after {time.monotonic() - began:.1f} s")
+            if args.replication_delay > 0:
+                # Every link between database nodes slowed: an asynchronous replica trails the
+                # primary by at least this much, as across zones.
+                for a, b in itertools.combinations(NODES, 2):
+                    net.degrade(net.prepare_degrade(a, b, args.replication_delay, 0.0, 0.0, seed))
             if rabbit is not None:
                 rabbit.start()
                 redis_url = ""
@@ -182,7 +188,8 @@ def _report_recovery(run: Run, chaos: HaChaos, code: int) -> int:
             f" promoted after {row['promoted_after']} s, first accepted event after"
             f" {row['first_accepted_after']} s, first succeeded key after"
             f" {row['first_succeeded_after']} s, first message published after"
-            f" {row['first_published_after']} s"
+            f" {row['first_published_after']} s; replicas behind by"
+            f" {row['replica_lag_bytes']} bytes"
         )
     for name in ("first_accepted_after", "first_succeeded_after", "first_published_after"):
         say(f"chaos-ha: {name}: {figures[name]}")
@@ -209,6 +216,13 @@ def main(argv: list[str] | None = None) -> int:
         "--async-replication",
         action="store_true",
         help="no synchronous standby (synchronous_mode off): measures what a failover loses",
+    )
+    parser.add_argument(
+        "--replication-delay",
+        type=float,
+        default=0.0,
+        help="seconds added each way on every link between database nodes (with"
+        " --async-replication: how far a replica trails, so what a failover loses)",
     )
     parser.add_argument(
         "--rabbitmq",
