@@ -81,6 +81,8 @@ class HaChaos(NetChaos):
         self.cluster = cluster
         self.rabbit = rabbit
         self.broker_turn = 0  # the broker nodes take turns, the first (every client's) first
+        # --lag-before-kill: seconds the standbys stop receiving WAL before a primary's kill.
+        self.lag_before_kill = 0.0
         self.hit: dict[int, str] = {}  # id(fault) -> the node it hit
         # Per fault (its index in `log`): when it was done, and when a new primary took office.
         self.times: dict[int, dict[str, Any]] = {}
@@ -111,6 +113,8 @@ class HaChaos(NetChaos):
         # A switchover's request returns once it is done: its clock starts when it is asked.
         asked = {"done_wall": time.time(), "at": self.now()}
         match fault.kind:
+            case "kill_primary" if self.lag_before_kill > 0:
+                record.update(self._kill_lagging_primary(node))
             case "kill_primary" | "kill_standby":
                 record["pids"] = self.cluster.kill_node(node)
             case "isolate_primary":
@@ -124,6 +128,21 @@ class HaChaos(NetChaos):
         if fault.kind != "kill_standby":
             threading.Thread(target=self._watch_promotion, args=(times, old), daemon=True).start()
         return record
+
+    def _kill_lagging_primary(self, node: str) -> dict[str, Any]:
+        """The asynchronous case at its worst: the primary cut from every standby (packets
+        dropped both ways: the WAL it sends is lost on the way, none is buffered at a standby)
+        for `lag_before_kill` seconds while it keeps committing and acknowledging, then killed
+        and the cut healed. What it committed meanwhile exists nowhere else: the promoted
+        standby lacks it."""
+        others = [other for other in self.cluster.nodes if other != node]
+        for other in others:
+            self.net.cut(node, other)
+        time.sleep(self.lag_before_kill)
+        pids = self.cluster.kill_node(node)
+        for other in others:
+            self.net.uncut(node, other)
+        return {"pids": pids, "cut_from_standbys_seconds": self.lag_before_kill}
 
     def _broker_fault(self, fault: NetFault) -> dict[str, Any]:
         assert self.rabbit is not None, "a broker fault without a RabbitMQ cluster"
@@ -216,6 +235,23 @@ def recovery(
                 (since,),
             ).fetchone()
             published = float(found[0]) if found and found[0] is not None else None
+            # Events answered 202 in the minute before the fault whose stored row is younger
+            # than the fault: the acknowledged write did not survive the failover, and a later
+            # delivery of the same event stored it again (one that is never sent again is
+            # `2xx_not_committed` in the checks).
+            acked = [
+                a.key
+                for a in answers
+                if a.status == 202
+                and a.key
+                and began - 60 <= t0_wall + a.started + a.elapsed <= began
+            ]
+            found = conn.execute(
+                "SELECT count(*) FROM events"
+                " WHERE idempotency_key = ANY(%s) AND received_at > to_timestamp(%s)",
+                (acked, began),
+            ).fetchone()
+            lost = int(found[0]) if found else 0
             rows.append(
                 {
                     "what": fault["what"],
@@ -226,6 +262,7 @@ def recovery(
                     "first_accepted_after": round(min(accepted) - began, 2) if accepted else None,
                     "first_succeeded_after": round(succeeded - began, 2) if succeeded else None,
                     "first_published_after": round(published - began, 2) if published else None,
+                    "acknowledged_then_lost": lost,
                 }
             )
     summary: dict[str, Any] = {"faults": rows}

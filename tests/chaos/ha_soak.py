@@ -128,6 +128,7 @@ def soak(args: argparse.Namespace, seed: int, base: Path, net: netns.Network) ->
                 receivers, crm, run.claimed, run.claims_token, seed
             )
             chaos = HaChaos(faults, net, fleet, crm, sender.now, seed, cluster, rabbit)
+            chaos.lag_before_kill = args.lag_before_kill
             run.chaos = chaos
             warm_up(fleet, run.claims_token)
             say(f"chaos-ha: {len(run.posted)} event and {len(run.claimed)} claims deliveries")
@@ -188,7 +189,8 @@ def _report_recovery(run: Run, chaos: HaChaos, code: int) -> int:
             f" promoted after {row['promoted_after']} s, first accepted event after"
             f" {row['first_accepted_after']} s, first succeeded key after"
             f" {row['first_succeeded_after']} s, first message published after"
-            f" {row['first_published_after']} s; replicas behind by"
+            f" {row['first_published_after']} s; {row['acknowledged_then_lost']} events"
+            f" acknowledged before it lost by it; replicas behind by"
             f" {row['replica_lag_bytes']} bytes"
         )
     for name in ("first_accepted_after", "first_succeeded_after", "first_published_after"):
@@ -223,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="seconds added each way on every link between database nodes (with"
         " --async-replication: how far a replica trails, so what a failover loses)",
+    )
+    parser.add_argument(
+        "--lag-before-kill",
+        type=float,
+        default=0.0,
+        help="with --async-replication: seconds each primary is cut from its standbys before"
+        " it is killed (what they lack is lost; the checks count it)",
     )
     parser.add_argument(
         "--rabbitmq",
