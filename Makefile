@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser iptables pgbouncer run demo test test-slow chaos chaos-net lint format up migrate clean bench flames constraints n8n-e2e node-test docs docs-build schema
+.PHONY: help install browser iptables pgbouncer patroni run demo test test-slow chaos chaos-net chaos-ha lint format up migrate clean bench flames constraints n8n-e2e node-test docs docs-build schema
 
 help: ## List the targets with what they do
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -36,6 +36,14 @@ pgbouncer: ## Debian's pgbouncer, for the tests through a transaction pool (apt-
 	  out=$$( { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends pgbouncer; } 2>&1 ) || { echo "$$out"; exit 1; }; \
 	else echo "make pgbouncer: no pgbouncer; the tests through PgBouncer will be skipped"; fi
+
+patroni: ## Debian's patroni and etcd-server, for the soak over a Patroni cluster (apt-get, as root; make test and make chaos-ha run it)
+	@if [ -x /usr/bin/patroni ] && command -v etcd >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "make patroni: apt-get install --no-install-recommends patroni etcd-server"; \
+	  out=$$( { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends patroni etcd-server; } 2>&1 ) || { echo "$$out"; exit 1; }; \
+	else echo "make patroni: no patroni or etcd; make chaos-ha cannot run"; fi
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -73,7 +81,7 @@ demo: install ## Tell the story: a lost CRM answer, a redelivery, still one task
 # not end with one process idle behind the other's long soaks (8.7 min instead of 11.3 for
 # the same 1 827 tests).
 TEST_WORKERS ?= 2
-test: install browser iptables pgbouncer ## Run the test suite (real PostgreSQL, Redis and Celery workers; slow soaks excluded)
+test: install browser iptables pgbouncer patroni ## Run the test suite (real PostgreSQL, Redis and Celery workers; slow soaks excluded)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 test-slow: $(BENCH_STAMP) ## Run the slow soaks only (route protection on real processes; n8n when installed; the bench's peers)
@@ -92,6 +100,9 @@ chaos: install ## Chaos soak: kills, restarts, lost answers; checks every event 
 ARGS ?=
 chaos-net: install iptables ## Chaos soak across 9 hosts (network namespaces, as root): cut, slow and lossy links (10 min)
 	$(PY) -m tests.chaos.net_soak $(ARGS)
+
+chaos-ha: install iptables patroni ## Chaos soak over a Patroni cluster (3 PostgreSQL nodes, etcd): failovers mid-traffic (10 min; ARGS='--short --rabbitmq': CI's, with a RabbitMQ cluster)
+	$(PY) -m tests.chaos.ha_soak $(ARGS)
 
 bench: $(BENCH_STAMP) ## Measure throughput, latency and memory, beside the peers, on this machine (~30 min; docs/explanation/performance.md)
 	$(PY) -m bench.run

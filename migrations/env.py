@@ -5,7 +5,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from outbox.core.settings import get_settings, sqlalchemy_url
+from outbox.core.conninfo import sqlalchemy_url
+from outbox.core.settings import get_settings
 
 config = context.config
 

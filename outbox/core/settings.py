@@ -14,13 +14,17 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from outbox.core.conninfo import sqlalchemy_url
+
 
 class Settings(BaseSettings):
     """The gateway's settings; environment variables are the upper-case field names."""
 
     model_config = SettingsConfigDict(env_file=None, extra="ignore", frozen=True)
 
-    # Where state lives. Empty means "start embedded servers" under `idem dev`.
+    # Where state lives. Empty means "start embedded servers" under `idem dev`. One host, or
+    # libpq's multi-host form with target_session_attrs=read-write for a replicated PostgreSQL
+    # (outbox/core/conninfo.py): new connections then find the primary after a failover.
     database_url: str = ""
     # How DATABASE_URL reaches PostgreSQL: `session` (PostgreSQL itself, or a pooler in session
     # mode) or `transaction` (PgBouncer in transaction mode: a server connection per
@@ -225,14 +229,6 @@ class Settings(BaseSettings):
         if self.database_direct_url:
             return sqlalchemy_url(self.database_direct_url)
         return None if self.transaction_pooled else self.sqlalchemy_url()
-
-
-def sqlalchemy_url(url: str) -> str:
-    """Accept `postgres://`, `postgresql://` or a full SQLAlchemy URL and name psycopg 3."""
-    for prefix in ("postgres://", "postgresql://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    return url
 
 
 @lru_cache(maxsize=1)

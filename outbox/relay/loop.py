@@ -36,9 +36,10 @@ from typing import Any, Protocol
 
 import psycopg
 from celery import Celery
-from sqlalchemy import Engine, make_url
+from sqlalchemy import Engine
 
 from outbox.core import tracing
+from outbox.core.conninfo import libpq_dsn
 from outbox.core.heartbeat import Heartbeat
 from outbox.core.logs import get_logger
 from outbox.core.settings import Settings
@@ -258,13 +259,6 @@ class Listener:
             self._previous_wakeup_fd = None
         self._wake.close()
         self._wake_write.close()
-
-
-def libpq_dsn(sqlalchemy_url: str) -> str:
-    """The same database as a plain libpq URL, for the LISTEN connection."""
-    return (
-        make_url(sqlalchemy_url).set(drivername="postgresql").render_as_string(hide_password=False)
-    )
 
 
 def run_relay(

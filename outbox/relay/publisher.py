@@ -263,6 +263,10 @@ def _publish_confirmed(app: Celery, built: list[_Message], sent: list[int]) -> N
             _confirm_batch(connection, built, sent, timeout)
         except BaseException:
             connection.collect()
+            # A cluster named as a failover list (`amqp://a//;amqp://b//`): the next batch
+            # tries the next node, as a worker's consumer does, instead of the one that failed
+            # (a node lost would otherwise stop the relay until that very node came back).
+            connection.maybe_switch_next()
             raise
 
 

@@ -35,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util import greenlet_spawn
 
 from outbox.core.logs import get_logger
-from outbox.store.engines import HIDE_PARAMETERS, scrubbed
+from outbox.store.engines import HIDE_PARAMETERS, on_standby, scrubbed, standby_error
 
 log = get_logger(__name__)
 
@@ -89,7 +89,7 @@ def _pooled(engine: Engine, statement: str) -> Iterator[psycopg.Connection[Any]]
     try:
         yield connection
     except psycopg.Error as error:
-        dead = _dead(connection)
+        dead = _dead(connection) or on_standby(error)
         if dead:
             pooled.invalidate(error)
         else:
@@ -137,7 +137,7 @@ async def driven(engine: AsyncEngine) -> AsyncIterator[Driven]:
     try:
         yield step
     except psycopg.Error as error:
-        dead = _dead(connection)
+        dead = _dead(connection) or on_standby(error)
         if dead:
             await greenlet_spawn(pooled.invalidate, error)
         else:
@@ -158,6 +158,8 @@ def _dead(connection: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) ->
 def _as_sqlalchemy(
     dialect: Dialect, error: psycopg.Error, statement: str, invalidated: bool
 ) -> StatementError:
+    if on_standby(error):
+        return standby_error(statement, error)
     wrapped = DBAPIError.instance(
         statement,
         None,

@@ -7,6 +7,7 @@ from typing import Any
 
 import psycopg
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -29,10 +30,34 @@ RELAY = "idem-relay"
 HIDE_PARAMETERS = True
 
 
-def _primary_message_only(context: ExceptionContext) -> None:
+def on_standby(error: BaseException) -> bool:
+    """A write refused because the server is a standby (SQLSTATE 25006): the node this
+    connection reached was demoted by a failover or switchover, or a one-host URL names a
+    replica. Not the statement's fault: an outage of the primary, as a dropped connection is.
+    The connection is dropped (and the pool with it, as on any disconnect), so the next one is
+    opened anew and, with `target_session_attrs=read-write`, finds the new primary."""
+    return isinstance(error, psycopg.errors.ReadOnlySqlTransaction)
+
+
+def _primary_message_only(context: ExceptionContext) -> sa_exc.DBAPIError | None:
     original = context.original_exception
     if isinstance(original, psycopg.Error):
         scrubbed(original, context.sqlalchemy_exception)
+    if on_standby(original):
+        context.is_disconnect = True
+        return standby_error(context.statement or "", original)
+    return None
+
+
+def standby_error(statement: str, original: BaseException) -> sa_exc.OperationalError:
+    """A standby's refusal raised as what it means to the caller: the database is unavailable
+    (a receiver answers 503 with Retry-After, a worker retries)."""
+    error = sa_exc.OperationalError(
+        statement, None, original, hide_parameters=HIDE_PARAMETERS, connection_invalidated=True
+    )
+    if isinstance(original, psycopg.Error):
+        scrubbed(original, error)
+    return error
 
 
 def scrubbed(original: psycopg.Error, wrapped: BaseException | None) -> None:

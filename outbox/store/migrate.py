@@ -11,7 +11,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
 
 import migrations
-from outbox.core.settings import sqlalchemy_url
+from outbox.core.conninfo import sqlalchemy_url
 
 SCRIPT_LOCATION = str(Path(migrations.__file__).parent)
 

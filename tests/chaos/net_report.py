@@ -61,6 +61,9 @@ class Run:
     claims_token: str = ""
     t0_wall: float = 0.0
     keep_logs: bool = False
+    # When the database was down for the receivers (seconds into the send phase), if a fault
+    # other than a receiver's cut from it made it so (the HA soak's failover).
+    outage: tuple[float, float] | None = None
 
     def stop(self) -> None:
         """Stop the faults and the clients, heal every fault, stop every process (safe to
@@ -138,7 +141,7 @@ def finish(run: Run) -> int:
 
     receiver_cuts = [f for f in chaos.log if f["kind"] == "cut" and f["peer"] == "db"]
     receiver_cuts = [f for f in receiver_cuts if f["host"].startswith("receiver")]
-    outage = (
+    outage = run.outage or (
         (receiver_cuts[0]["at"], receiver_cuts[0]["at"] + receiver_cuts[0]["seconds"])
         if receiver_cuts
         else None

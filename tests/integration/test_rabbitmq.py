@@ -13,12 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import kombu.exceptions
 import pytest
 
 from outbox.core.settings import Settings
 from outbox.relay.publisher import OutboxMessage, create_publisher, publish
 from tests.brokers import RabbitNode, queue_exists, queue_type, queued, rabbitmq_vhost
-from tests.support import Downstream, Reply, Stack, envelope, query, wait_until
+from tests.support import Downstream, Reply, Stack, envelope, free_port, query, wait_until
 
 
 def _count(database_url: str, where: str) -> int:
@@ -172,3 +173,20 @@ def test_a_message_the_broker_cannot_route_is_not_counted_as_published() -> None
         again: list[int] = []
         publish(app, rows[2:], again)
         assert again == [3, 4, 5] and queued(url) == 3
+
+
+def test_the_relay_publishes_through_the_next_node_of_a_failover_list() -> None:
+    """BROKER_URL names a cluster's nodes (`amqp://a//;amqp://b//`) and the first one is down:
+    the batch sent to it fails and stays due; the next batch goes to the next node and is
+    confirmed whole (the relay does not wait for the lost node to come back)."""
+    rows = [OutboxMessage(i, f"k-{i}", "idem.process", f"c-{i}") for i in range(1, 4)]
+    with rabbitmq_vhost() as url:
+        dead = f"amqp://guest:guest@127.0.0.1:{free_port()}//"
+        app = create_publisher(Settings(broker_url=f"{dead};{url}", broker_timeout_seconds=2))
+        refused: list[int] = []
+        with pytest.raises(kombu.exceptions.OperationalError, match="Connection refused"):
+            publish(app, rows, refused)
+        assert refused == []
+        sent: list[int] = []
+        publish(app, rows, sent)
+        assert sent == [1, 2, 3] and queued(url) == 3
