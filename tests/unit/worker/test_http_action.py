@@ -7,7 +7,6 @@ import base64
 import hashlib
 import hmac
 import json
-import os
 import socket
 import threading
 import time
@@ -87,8 +86,8 @@ def _recording_client(
         seen.append(request)
         return httpx.Response(status, json={"id": "task-1"})
 
-    monkeypatch.setattr(http, "_client", httpx.Client(transport=httpx.MockTransport(answer)))
-    monkeypatch.setattr(http, "_client_pid", os.getpid())
+    recording = httpx.Client(transport=httpx.MockTransport(answer))
+    monkeypatch.setattr(http, "client", lambda: recording)
 
 
 def _crm_route(**settings: Any) -> Route:
