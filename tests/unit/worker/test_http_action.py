@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from outbox.core.routes import Route
+from tests.unit.worker.claims import action_context
 from worker.actions import ActionContext, http
 from worker.errors import RequestInvalid, TransientError, classify
 
@@ -30,16 +31,7 @@ def _closed_port() -> int:
 
 
 def _context(correlation_id: str) -> ActionContext:
-    return ActionContext(
-        key="crm:lead:1",
-        correlation_id=correlation_id,
-        attempt=1,
-        source="crm",
-        event_type="crm.lead",
-        external_id="1",
-        version=None,
-        payload={"name": "Ada"},
-    )
+    return action_context(correlation_id)
 
 
 @pytest.mark.parametrize("correlation_id", ["café-1", "line\r\nX-Injected: 1"])
