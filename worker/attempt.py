@@ -331,9 +331,8 @@ def _act(
 
 
 def _start(run: _Run, route: ActionSettings, ctx: ActionContext, claim: Claim) -> None:
-    """Reconcile (when uncertain) then act, in a thread of its own (a spare one,
-    `worker.spare`) with the task's context; an action that returns at once (`INSTANT`) in
-    the attempt's own thread, as there is no time limit to hold it to."""
+    """Reconcile (when uncertain) then act, in a thread of its own (`worker.spare`) with the
+    task's context; an action that returns at once (`INSTANT`) in the attempt's own thread."""
     reconciler = get_reconciler(route) if ctx.uncertain else None
 
     def work() -> None:
@@ -359,8 +358,7 @@ def _start(run: _Run, route: ActionSettings, ctx: ActionContext, claim: Claim) -
             run.wake.set()
 
     if reconciler is None and route.action in INSTANT:
-        work()
-        return
+        return work()
     context = contextvars.copy_context()
     spare.run(partial(context.run, work), "action")
 
