@@ -95,6 +95,16 @@ def _new_client() -> httpx.Client:
 
 
 _pools: _Pools | None = None
+_pools_lock = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    """A forked child starts with no pools, and a lock no thread of the parent may hold."""
+    global _pools, _pools_lock
+    _pools, _pools_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def client() -> httpx.Client:
@@ -104,7 +114,10 @@ def client() -> httpx.Client:
     global _pools
     pools = _pools
     if pools is None or pools.pid != os.getpid():
-        pools = _pools = _Pools()
+        with _pools_lock:  # threads asking at once share one set
+            pools = _pools
+            if pools is None or pools.pid != os.getpid():
+                pools = _pools = _Pools()
     return pools.client()
 
 
