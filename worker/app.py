@@ -39,7 +39,7 @@ from outbox.core.settings import Settings
 from outbox.core.timeouts import check_timing
 from outbox.core.wire import PROCESS_KEYS_TASK, PROCESS_TASK, TASK_QUEUE
 from outbox.store.engines import create_sync_engine
-from worker import broker, metrics
+from worker import broker, metrics, redis_client
 from worker.attempt import run_attempt
 from worker.deliveries import report_all, run_each, run_in_parts, run_in_turn
 from worker.grouped import GroupedStore
@@ -118,6 +118,8 @@ def create_worker_app(settings: Settings) -> Celery:
     tracing.setup("idem-worker")
     # A Redis restart must not stop the worker (kombu's channel bug, worker/broker.py).
     broker.install()
+    # A Redis client per broker channel, not one per acknowledgement (worker/redis_client.py).
+    redis_client.install()
     app = Celery("idem", broker=settings.broker(), set_as_current=True)
     app.conf.update(
         task_serializer="json",

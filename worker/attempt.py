@@ -42,7 +42,7 @@ from outbox.core import contract, inflight, keys, tracing
 from outbox.core.logs import get_logger
 from outbox.core.routes import ActionSettings, RouteTable
 from worker import spare
-from worker.actions import ActionContext, ActionResult, get_action, get_reconciler
+from worker.actions import INSTANT, ActionContext, ActionResult, get_action, get_reconciler
 from worker.errors import Failure, TransientError, classify
 from worker.guard import Admitted, Held, RouteGuard
 from worker.instruments import ACTION_SECONDS, ATTEMPTS, OTHER_ROUTE, RECONCILED
@@ -331,8 +331,8 @@ def _act(
 
 
 def _start(run: _Run, route: ActionSettings, ctx: ActionContext, claim: Claim) -> None:
-    """Reconcile (when uncertain) then act, in a thread of its own (a spare one,
-    `worker.spare`) with the task's context."""
+    """Reconcile (when uncertain) then act, in a thread of its own (`worker.spare`) with the
+    task's context; an action that returns at once (`INSTANT`) in the attempt's own thread."""
     reconciler = get_reconciler(route) if ctx.uncertain else None
 
     def work() -> None:
@@ -357,6 +357,8 @@ def _start(run: _Run, route: ActionSettings, ctx: ActionContext, claim: Claim) -
             run.done.set()
             run.wake.set()
 
+    if reconciler is None and route.action in INSTANT:
+        return work()
     context = contextvars.copy_context()
     spare.run(partial(context.run, work), "action")
 

@@ -1,5 +1,6 @@
-"""The worker's one patch to kombu's Redis transport: a channel that lost its connection
-fails like a lost connection, so a Redis restart no longer stops the worker.
+"""The worker's patch to kombu's Redis transport for a lost connection: a channel that lost its
+connection fails like a lost connection, so a Redis restart no longer stops the worker.
+(`patch_channel` applies it, and `worker.redis_client`'s, which keeps one client per channel.)
 
 What goes wrong, seen with kombu 5.7.0 and Celery 5.7.0 (the newest releases; kombu 5.3 to
 5.7 share the three pieces named below, and kombu issues 582 and 970 report the same error
@@ -59,22 +60,34 @@ class ChannelWithoutConnection(RedisConnectionError):
     """A kombu Redis channel was asked for a new Redis client after losing its connection."""
 
 
-_MARK = "_idem_fails_without_connection"
-
-
 def install() -> None:
     """Patch `kombu.transport.redis.Channel._connparams` in this process (once)."""
+    patch_channel(
+        "_connparams",
+        _failing_without_connection,
+        "worker/broker.py no longer applies; check whether a Redis restart still stops the worker",
+    )
+
+
+# Set on a method this module's patches built, so a second install leaves it as it is.
+_PATCHED = "_idem_patched"
+
+
+def patch_channel(
+    name: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]], missing: str
+) -> None:
+    """Replace kombu's Redis `Channel.<name>` by `wrap(original)` in this process, once;
+    `missing` says what it means when this kombu has no such method."""
     channel = kombu_redis.Channel
-    original = channel.__dict__.get("_connparams")
+    original = channel.__dict__.get(name)
     if original is None:
-        raise RuntimeError(
-            f"kombu {kombu.__version__} has no Channel._connparams: worker/broker.py "
-            "no longer applies; check whether a Redis restart still stops the worker"
-        )
-    if getattr(original, _MARK, False):
+        raise RuntimeError(f"kombu {kombu.__version__} has no Channel.{name}: {missing}")
+    if getattr(original, _PATCHED, False):
         return
+    patched = wrap(original)
+    setattr(patched, _PATCHED, True)
     # Patching kombu's class in place is the point: every channel of this process is one.
-    channel._connparams = _failing_without_connection(original)  # type: ignore[method-assign]
+    setattr(channel, name, patched)
 
 
 def _failing_without_connection(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -87,5 +100,4 @@ def _failing_without_connection(original: Callable[..., Any]) -> Callable[..., A
             )
         return original(self, asynchronous=asynchronous)
 
-    setattr(_connparams, _MARK, True)
     return _connparams

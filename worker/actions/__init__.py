@@ -59,6 +59,12 @@ Action = Callable[[ActionSettings, ActionContext], ActionResult]
 Reconciler = Callable[[ActionSettings, ActionContext], ActionResult | None]
 
 
+# Actions that touch nothing outside the process and return at once: the attempt runs them in
+# its own thread. Handing one to a thread of its own (to hold it to the route's time limit and
+# stop waiting when the lease is lost) cost more than the action itself.
+INSTANT = frozenset({"noop"})
+
+
 def get_action(route: ActionSettings) -> Action:
     """The callable for a route's action name."""
     from worker.actions import http, noop, python

@@ -25,6 +25,7 @@ import json
 import os
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,27 +50,75 @@ MAX_STORED_BODY_BYTES = 65_536
 # "Findings of the multi-host soak", 3).
 RESET_ON_CLOSE = (socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
-_client: httpx.Client | None = None
-_client_pid = 0
+# Threads share a client in groups of this many pools: httpx's pool looks at every one of its
+# connections, and for each idle one counts them all, whenever a request starts or ends, so
+# with a hundred requests in flight in one pool that bookkeeping cost more than the request
+# (docs/explanation/performance.md, "What keeps the worker's HTTP cheap"). Spread over the pools, each holds a few.
+POOLS = 16
+
+
+class _Pools:
+    """This process's clients, one per pool, each thread sending through one of them."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+        self._clients: list[httpx.Client] = []
+        self._next = 0
+        self._mine = threading.local()
+
+    def client(self) -> httpx.Client:
+        mine: httpx.Client | None = getattr(self._mine, "client", None)
+        if mine is None:
+            with self._lock:
+                if len(self._clients) < POOLS:
+                    self._clients.append(_new_client())
+                mine = self._clients[self._next % len(self._clients)]
+                self._next += 1
+            self._mine.client = mine
+        return mine
+
+
+def _new_client() -> httpx.Client:
+    # No cap on connections: a worker's concurrency (WORKER_CONCURRENCY attempts in flight,
+    # worker/slots.py) is the cap, and a request must not wait in the client's queue past its
+    # timeouts.
+    transport = httpx.HTTPTransport(
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        socket_options=[RESET_ON_CLOSE],
+    )
+    fresh = httpx.Client(follow_redirects=False, transport=transport)
+    # Tracing on: a client span per request, its `traceparent` sent downstream. Before the
+    # client is shared: a thread must never send through it uninstrumented.
+    tracing.instrument_httpx(fresh)
+    return fresh
+
+
+_pools: _Pools | None = None
+_pools_lock = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    """A forked child starts with no pools, and a lock no thread of the parent may hold."""
+    global _pools, _pools_lock
+    _pools, _pools_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def client() -> httpx.Client:
-    """One connection pool per process (rebuilt after a fork: pools must not be shared)."""
-    global _client, _client_pid
-    if _client is None or _client_pid != os.getpid():
-        # No cap on connections: a worker's concurrency (WORKER_CONCURRENCY attempts in flight,
-        # worker/slots.py) is the cap, and a request must not wait in the client's queue past
-        # its timeouts.
-        transport = httpx.HTTPTransport(
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-            socket_options=[RESET_ON_CLOSE],
-        )
-        fresh = httpx.Client(follow_redirects=False, transport=transport)
-        # Tracing on: a client span per request, its `traceparent` sent downstream. Before
-        # the client is shared: a thread must never send through it uninstrumented.
-        tracing.instrument_httpx(fresh)
-        _client, _client_pid = fresh, os.getpid()
-    return _client
+    """The calling thread's client: one of the process's pools (`POOLS`), the same for the
+    thread's every request, so its connections are reused. Rebuilt after a fork: pools must
+    not be shared."""
+    global _pools
+    pools = _pools
+    if pools is None or pools.pid != os.getpid():
+        with _pools_lock:  # threads asking at once share one set
+            pools = _pools
+            if pools is None or pools.pid != os.getpid():
+                pools = _pools = _Pools()
+    return pools.client()
 
 
 def run(route: ActionSettings, ctx: ActionContext) -> ActionResult:

@@ -1,9 +1,10 @@
-"""A claim as the worker's outcome decisions see it, for unit tests of those decisions."""
+"""A claim as the worker's outcome decisions see it, and an action's context, for unit tests."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from worker.actions import ActionContext
 from worker.store import Claim
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -29,4 +30,19 @@ def claim_at(attempt: int = 1, spent: float | None = None) -> Claim:
         previous_status="pending",
         previous_error_code=None,
         uncertain=False,
+    )
+
+
+def action_context(correlation_id: str = "c", uncertain: bool = False) -> ActionContext:
+    """The context of an action on a CRM lead's key, outside any attempt (no lease held)."""
+    return ActionContext(
+        key="crm:lead:1",
+        correlation_id=correlation_id,
+        attempt=1,
+        source="crm",
+        event_type="crm.lead",
+        external_id="1",
+        version=None,
+        payload={"name": "Ada"},
+        uncertain=uncertain,
     )

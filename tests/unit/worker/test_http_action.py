@@ -7,7 +7,6 @@ import base64
 import hashlib
 import hmac
 import json
-import os
 import socket
 import threading
 import time
@@ -18,6 +17,7 @@ import httpx
 import pytest
 
 from outbox.core.routes import Route
+from tests.unit.worker.claims import action_context
 from worker.actions import ActionContext, http
 from worker.errors import RequestInvalid, TransientError, classify
 
@@ -31,16 +31,7 @@ def _closed_port() -> int:
 
 
 def _context(correlation_id: str) -> ActionContext:
-    return ActionContext(
-        key="crm:lead:1",
-        correlation_id=correlation_id,
-        attempt=1,
-        source="crm",
-        event_type="crm.lead",
-        external_id="1",
-        version=None,
-        payload={"name": "Ada"},
-    )
+    return action_context(correlation_id)
 
 
 @pytest.mark.parametrize("correlation_id", ["café-1", "line\r\nX-Injected: 1"])
@@ -87,8 +78,8 @@ def _recording_client(
         seen.append(request)
         return httpx.Response(status, json={"id": "task-1"})
 
-    monkeypatch.setattr(http, "_client", httpx.Client(transport=httpx.MockTransport(answer)))
-    monkeypatch.setattr(http, "_client_pid", os.getpid())
+    recording = httpx.Client(transport=httpx.MockTransport(answer))
+    monkeypatch.setattr(http, "client", lambda: recording)
 
 
 def _crm_route(**settings: Any) -> Route:
