@@ -53,7 +53,8 @@ RESET_ON_CLOSE = (socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 # Threads share a client in groups of this many pools: httpx's pool looks at every one of its
 # connections, and for each idle one counts them all, whenever a request starts or ends, so
 # with a hundred requests in flight in one pool that bookkeeping cost more than the request
-# (docs/explanation/performance.md, "What keeps the worker's HTTP cheap"). Spread over the pools, each holds a few.
+# (docs/explanation/performance.md, "What keeps the worker's HTTP cheap"). Spread over the
+# pools, each holds a few.
 POOLS = 16
 
 
