@@ -12,9 +12,12 @@ so a standby takes over within a check; a holder whose host went silent, once it
 
 The lead is about cost, never correctness: a holder paused past its lease and a new holder may
 both publish for a moment, which sends some rows twice, and the worker's claim refuses the
-second message. What the lead must not do is keep rows back, so a holder renews only while its
-passes work: one cut off from the broker (it still reaches PostgreSQL) lets its lead run out,
-and then stands aside a whole lease before it tries again, so a standby that can publish wins.
+second message. What the lead must not do is keep rows back, so a holder renews only while it
+can reach the broker: one cut off from it (it still reaches PostgreSQL) lets its lead run out,
+and then stands aside half a lease, long enough for every standby to have checked once, before
+it tries again: a standby that can publish wins, and a relay that is alone is back within half
+a lease. A database that fails costs no lead: every relay fails alike, and the lead is in the
+database, so the holder goes on trying and keeps it (the relay's loop tells the two apart).
 """
 
 from __future__ import annotations
@@ -68,8 +71,8 @@ class Lead:
 
     def holds(self, publishing: bool = True) -> bool:
         """True when this relay should run a pass now. When its check is due it renews the
-        lead (or takes a free one); `publishing` False (its last pass failed) makes a holder
-        let the lead run out instead, and stand aside one lease once it has."""
+        lead (or takes a free one); `publishing` False (its last pass failed on the broker)
+        makes a holder let the lead run out instead, and stand aside half a lease once it has."""
         if not self.enabled:
             return True
         now = self._clock()
@@ -80,7 +83,7 @@ class Lead:
                 self._next_check = min(self._held_until, now + self.seconds / 3)
                 return True
             self._leading = False
-            self._next_check = now + self.seconds
+            self._next_check = now + self.seconds / 2
             log.warning("relay.lead_released", holder=self.holder, reason="publish_failing")
             return False
         params = {"holder": self.holder, "seconds": self.seconds}

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import psycopg
 from celery import Celery
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from outbox.core import tracing
 from outbox.core.conninfo import libpq_dsn
@@ -52,9 +53,10 @@ from outbox.store.engines import RELAY
 log = get_logger(__name__)
 
 # Backoff while the broker or database is down: first retry within 0.5 s, never slower
-# than every 15 s, so recovery after an outage is noticed quickly.
+# than every 5 s, so the end of an outage (a failover takes 10 to 15 s) is noticed within
+# seconds; only the publishing relay retries, one statement or connection at a time.
 OUTAGE_BACKOFF_BASE = 0.5
-OUTAGE_BACKOFF_CAP = 15.0
+OUTAGE_BACKOFF_CAP = 5.0
 # The least a pass that took nothing waits although rows are due: they are locked by a
 # statement in progress elsewhere, which ends within milliseconds. Bounds such passes to ten
 # a second instead of a spin (about 800 a second were measured before this floor).
@@ -261,6 +263,12 @@ class Listener:
         self._wake_write.close()
 
 
+def is_database_error(error: BaseException) -> bool:
+    """Whether a pass failed on PostgreSQL (a statement, a connection, a standby that refused
+    a write) rather than on the broker."""
+    return isinstance(error, (SQLAlchemyError, psycopg.Error))
+
+
 def run_relay(
     settings: Settings,
     engine: Engine,
@@ -279,6 +287,7 @@ def run_relay(
     limit = settings.relay_batch_size
     send = send or functools.partial(publish, keys_per_message=settings.relay_keys_per_message)
     failures = 0
+    broker_failing = False
     log.info(
         "relay.started",
         batch_size=limit,
@@ -294,7 +303,7 @@ def run_relay(
             heartbeat.beat()
             began = time.monotonic()
             try:
-                if not lead.holds(publishing=failures == 0):
+                if not lead.holds(publishing=not broker_failing):
                     waiter.rest(lead.seconds_to_check())
                     continue
                 batch = publish_due_batch(engine, app, limit, settings.relay_claim_seconds, send)
@@ -307,6 +316,10 @@ def run_relay(
                     next_due = seconds_until_next_due(engine)
             except Exception as error:
                 failures += 1
+                # Only the broker's failures cost the lead: the lead lives in the database, so
+                # while the database fails every relay fails alike, and one that gave the lead
+                # up would be back only a lease after the new primary took office.
+                broker_failing = not is_database_error(error)
                 delay = random.uniform(
                     0, min(OUTAGE_BACKOFF_CAP, OUTAGE_BACKOFF_BASE * 2**failures)
                 )
@@ -322,6 +335,7 @@ def run_relay(
             if failures:
                 log.info("relay.recovered", after_failures=failures)
                 failures = 0
+                broker_failing = False
             if batch.published:
                 log.debug("relay.published", rows=batch.published)
             pause = pacer.pause(batch, time.monotonic() - began)

@@ -91,7 +91,7 @@ def plan_net_faults(seed: int, duration: float, lease_seconds: float) -> list[Ne
         if scale < 1.0:
             # A short run: one cut of each kind and the slow database link, in an order that
             # lets each matter. The worker is cut from PostgreSQL first, while its requests
-            # reach the CRM (after the relay's cut, the relay backs off for up to 15 s and
+            # reach the CRM (after the relay's cut, the relay backs off for up to 5 s and
             # nothing flows); a receiver's cut outlasts its 6 s bound, so it answers 503.
             faults += [
                 NetFault(at(0.0), seconds(40), "degrade", worker[2], "db", **slow, loss=loss()),

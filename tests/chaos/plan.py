@@ -200,7 +200,7 @@ FLAKY_COLLECTION = "tasks"
 # began, not until its planned end: the fault before it runs in the same thread and may start
 # it late (the PostgreSQL restart takes its 5 s). It also lasts until the gateway's writes met
 # it `min_writes` times (*_MIN_WRITES): after the database outage the relays may stay quiet for
-# up to their backoff cap (15 s), and a spell that met no write proves nothing. At most
+# up to their backoff cap (5 s), and a spell that met no write proves nothing. At most
 # SPELL_GRACE_SECONDS longer it ends anyway, and the checks report how few writes it met.
 SPELL_GRACE_SECONDS = 30.0
 # The outage's writes are refused: enough of them to open the circuit of a quiet route.

@@ -142,14 +142,34 @@ def test_a_holder_that_cannot_publish_lets_the_lead_run_out_and_a_standby_takes_
     time.sleep(1.1)  # the lease runs out in the database too
     assert b.holds() is True
     assert _holder(own_database) == "b"
-    # "a" stands aside a whole lease, then finds "b" holding the lead.
-    clock.now += 0.5
+    # "a" stands aside half a lease (every standby checks within a third of one), then finds
+    # "b" holding the lead.
+    clock.now += 0.3
     assert a.holds() is False
     assert len(statements) == 1  # b's take only
-    clock.now += 0.6
-    assert b.holds() is True
+    clock.now += 0.3
     assert a.holds() is False
+    assert len(statements) == 2
+    assert b.holds() is True
     assert _holder(own_database) == "b"
+
+
+def test_a_relay_alone_that_cannot_publish_takes_the_lead_again_after_half_a_lease(
+    own_database: str, engine: Engine
+) -> None:
+    """With no standby to hand the rows to, standing aside only delays them: the relay tries
+    again half a lease after its own ran out, through the broker's next node if it has one."""
+    clock = Clock()
+    a = Lead(engine, 1.0, holder="a", clock=clock)
+    assert a.holds() is True
+    clock.now += 1.04
+    assert a.holds(publishing=False) is False
+    time.sleep(1.1)  # the lease runs out in the database too
+    clock.now += 0.4
+    assert a.holds() is False  # not yet: a standby may still be about to check
+    clock.now += 0.1
+    assert a.holds() is True
+    assert _holder(own_database) == "a"
 
 
 def test_with_the_lead_off_every_relay_publishes_and_asks_nothing(

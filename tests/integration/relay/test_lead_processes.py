@@ -1,7 +1,8 @@
 """Two relay processes and their lead, against a broker of the test's own with no worker, so
 every message published stays in the queue to be counted: one relay publishes while the other
 stands by; a SIGKILLed holder is replaced without waiting for its lease; a holder cut off
-from the broker hands the rows to the standby instead of holding them back."""
+from the broker hands the rows to the standby instead of holding them back; a database that
+fails for longer than a lease costs no lead."""
 
 from __future__ import annotations
 
@@ -17,7 +18,15 @@ import redis as redis_client
 from outbox.core.settings import Settings
 from outbox.operate import stats
 from outbox.store.engines import create_relay_engine
-from tests.support import Stack, TcpProxy, query, queued_keys, seed_due_outbox, wait_until
+from tests.support import (
+    Stack,
+    TcpProxy,
+    proxied_database,
+    query,
+    queued_keys,
+    seed_due_outbox,
+    wait_until,
+)
 
 # Checks every 0.5 s; a holder that stops renewing loses the lead 1.5 s later.
 LEAD_SECONDS = "1.5"
@@ -145,3 +154,38 @@ def test_a_holder_cut_off_from_the_broker_hands_the_rows_to_the_standby(
     keys = _keys(broker)
     assert set(keys) == {f"k-{n}" for n in range(1, 101)}
     assert max(keys.values()) == 1
+
+
+def test_a_database_outage_longer_than_the_lead_costs_no_lead(
+    own_database: str, stack: Stack, broker: redis_client.Redis[Any]
+) -> None:
+    """A failover leaves every relay without a database for 10 to 15 s. The lead lives there,
+    so no standby can take it meanwhile; a holder that gave it up for failing passes stood
+    aside a lease after the database was back, with rows due (the first publish came 10 s
+    after intake's in a Patroni failover). Its failures on PostgreSQL keep the lead: the rows
+    go out at its first pass once the database answers."""
+    db = own_database
+    proxy, through = proxied_database(db)
+    try:
+        stack.database_url = through
+        stack.start_relay("relay-a")
+        wait_until(lambda: '"relay.lead_taken"' in stack.logs("relay-a"), timeout=30)
+        proxy.cut()
+        seed_due_outbox(db, 50)  # due while the relay cannot reach them
+        # Three leases of failures (1.5 s each): its own lease ran out long ago.
+        wait_until(lambda: stack.logs("relay-a").count('"relay.publish_failed"') >= 3, timeout=30)
+        wait_until(lambda: _lease_over(db), timeout=30)
+        proxy.start()
+        wait_until(lambda: _unpublished(db) == 0, timeout=60)
+    finally:
+        stack.stop_all()
+        proxy.stop()
+    logs = stack.logs("relay-a")
+    assert '"relay.lead_released"' not in logs
+    assert logs.count('"relay.lead_taken"') == 1
+    keys = _keys(broker)
+    assert set(keys) == {f"k-{n}" for n in range(1, 51)}
+
+
+def _lease_over(db: str) -> bool:
+    return bool(query(db, "SELECT held_until < now() FROM relay_lead")[0][0])
