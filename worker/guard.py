@@ -7,10 +7,12 @@ a paused route, as pending) after at most a short wait, so it neither costs an a
 holds a worker for long:
 
     paused            → held as pending until an operator resumes the route
-    circuit open      → waits until the cool-down is over (plus a little spread)
+    circuit open      → waits until the cool-down is over (plus a little spread), or behind
+                        the keys already waiting, whichever is later
     circuit half-open → up to `circuit_half_open_calls` keys are trial calls; the others wait
-                        a cool-down, and come back at once when a trial closes the circuit
-                        (the closing worker releases them, a batch at a time)
+                        a cool-down (or behind those waiting), and come back at once when a
+                        trial closes the circuit (the closing worker releases them, a batch at
+                        a time)
     rate_per_second   → books the next send slot; a slot further off than a quarter second
                         is kept by the key (`rate_limited`) and used when it comes back
     max_in_flight     → takes a permit slot, polling for half a second; else waits a second
@@ -63,6 +65,16 @@ COUNT_EVERY_SECONDS = 1.0
 # statement timeout however many keys wait.
 RELEASE_BATCH = 1000
 RATE_LIMITED = "rate_limited"
+# Keys an open circuit holds come back to look at it at about this rate per route, however
+# many wait: each is given back behind the last one waiting, this far apart. Waiting out the
+# cool-down alone, a backlog of 100 000 keys behind a downstream that is down for hours came
+# back every cool-down (5 s when nothing was sent), a claim and a deferral each, without end.
+# The keys still come back at once when a trial closes the circuit, and a trial needs only one
+# key to come back after the cool-down: with many waiting, one does within 1/rate.
+HELD_RETURNS_PER_SECOND = 20.0
+# However long the line, a held key looks again within this: a release that did not finish (its
+# worker died) leaves keys due no later than this after the close.
+HELD_WAIT_CAP_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -125,6 +137,7 @@ class RouteGuard:
             spread = rng.uniform(0, min(1.0, cooldown / 10))
             if state.open_until is not None and state.open_until > claim.claimed_at:
                 wait = (state.open_until - claim.claimed_at).total_seconds() + spread
+                wait = self._behind_held(route, wait)
                 return self._held(route, CIRCUIT_OPEN, wait, "the route's circuit is open")
             params = {
                 "route": route.label,
@@ -133,9 +146,8 @@ class RouteGuard:
                 "probe_seconds": probe_seconds,
             }
             if self.store.one(q.TAKE_TRIAL, params) is None:
-                return self._held(
-                    route, CIRCUIT_OPEN, cooldown + spread, "the route's trial calls are running"
-                )
+                wait = self._behind_held(route, cooldown + spread)
+                return self._held(route, CIRCUIT_OPEN, wait, "the route's trial calls are running")
             trial = True
             log.info("route.trial", route=route.label)
         if route.rate_per_second is not None and not trial:
@@ -150,6 +162,14 @@ class RouteGuard:
                 detail = f"the route's {route.max_in_flight} attempts in flight are taken"
                 return self._held(route, "in_flight_limit", wait, detail)
         return Admitted(permit, trial)
+
+    def _behind_held(self, route: ActionSettings, wait: float) -> float:
+        """`wait`, or the time that puts this key behind the last one the circuit holds."""
+        row = self.store.one(q.HELD_TAIL, {"route": route.label})
+        tail = None if row is None or row["seconds"] is None else float(row["seconds"])
+        if tail is None:
+            return wait
+        return max(wait, min(tail + 1.0 / HELD_RETURNS_PER_SECOND, HELD_WAIT_CAP_SECONDS))
 
     def _rate(self, route: ActionSettings, claim: Claim) -> Held | None:
         """Book a send slot unless the key comes back to the one it booked; wait for a near one."""

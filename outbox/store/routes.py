@@ -168,6 +168,16 @@ ROUTE_CALLS: TextClause = text(
     """
 )
 
+HELD_TAIL: TextClause = text(
+    """
+    -- When the last key the route's open circuit holds is due, in seconds from now (None: no
+    -- key waits): one probe of the index of just those keys, however many there are.
+    SELECT EXTRACT(EPOCH FROM max(next_attempt_at) - now()) AS seconds
+      FROM idempotency_keys
+     WHERE route = :route AND status = 'failed_retryable' AND error_code = 'circuit_open'
+    """
+)
+
 RELEASE_CIRCUIT_HELD: TextClause = text(
     """
     -- After the circuit closed: make up to :batch keys that waited on it due now (they and

@@ -252,3 +252,69 @@ def test_reopenings_by_unsent_trials_do_not_double_a_later_cooldown(own_database
         assert 1.5 < float(row.cooldown_seconds) <= 2.0, row.cooldown_seconds
     finally:
         engine.dispose()
+
+
+def _circuit_returns(stack: Stack) -> int:
+    """How many times a held key came back and found the circuit open (the attempt log)."""
+    rows = query(
+        stack.database_url,
+        "SELECT count(*) FROM attempts WHERE outcome = %s",
+        ("deferred_circuit",),
+    )
+    return int(rows[0][0])
+
+
+def _held(stack: Stack) -> int:
+    rows = query(
+        stack.database_url,
+        "SELECT count(*) FROM idempotency_keys WHERE error_code = 'circuit_open'"
+        " AND status = 'failed_retryable'",
+    )
+    return int(rows[0][0])
+
+
+BACKLOG = 600
+WINDOW_SECONDS = 10.0
+
+
+def test_a_backlog_behind_a_downstream_that_is_down_looks_at_the_circuit_at_a_bounded_rate(
+    protected: tuple[Stack, Path],
+) -> None:
+    """600 events arrive while nothing listens: the circuit opens and re-opens every second
+    (nothing was sent), and the held keys do not all come back each time, a claim and a
+    deferral each: they wait in line, so over 10 s fewer come back than there are held keys
+    (each came back every 0.5 to 1 s before, thousands of returns). Once a server starts on the
+    port each event is applied exactly once."""
+    stack, routes = protected
+    port = free_port()
+    later = Downstream(port=port)
+    _routes(routes, later.url)
+    stack.start_receiver()
+    stack.start_relay()
+    stack.start_worker(concurrency=4)
+    keys = []
+    with stack.client() as client:
+        for number in range(BACKLOG):
+            answer = client.post(
+                "/v1/events", json=envelope(f"away-{number}", event_type="away.lead")
+            )
+            assert answer.status_code == 202, answer.text
+            keys.append(answer.json()["key"])
+    wait_until(lambda: _held(stack) >= BACKLOG - 10, timeout=120, interval=0.5)
+    before = _circuit_returns(stack)
+    time.sleep(WINDOW_SECONDS)
+    returns = _circuit_returns(stack) - before
+    assert returns < BACKLOG, returns
+    server = later.start()
+    try:
+        wait_until(lambda: later.effects.keys() == set(keys), timeout=120, interval=0.5)
+        wait_until(
+            lambda: set(key_rows(stack.database_url, keys).values()) == {("succeeded", 1)},
+            timeout=60,
+            interval=0.5,
+        )
+        assert later.effects == {key: 1 for key in keys}
+        assert query(stack.database_url, "SELECT count(*) FROM dead_letters") == [(0,)]
+    finally:
+        server.shutdown()
+        server.server_close()
