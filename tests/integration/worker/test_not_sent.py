@@ -83,6 +83,24 @@ def _cooldowns(stack: Stack) -> list[float]:
     ]
 
 
+def _serve_and_see_each_once(stack: Stack, later: Downstream, keys: list[str]) -> None:
+    """Start the server on the port nothing listened on: each key is applied exactly once, on
+    its first attempt, and nothing is dead-lettered."""
+    server = later.start()
+    try:
+        wait_until(lambda: later.effects.keys() == set(keys), timeout=120, interval=0.5)
+        wait_until(
+            lambda: set(key_rows(stack.database_url, keys).values()) == {("succeeded", 1)},
+            timeout=60,
+            interval=0.5,
+        )
+        assert later.effects == {key: 1 for key in keys}
+        assert query(stack.database_url, "SELECT count(*) FROM dead_letters") == [(0,)]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_downstream_that_is_down_costs_no_attempt_and_each_event_acts_once_when_back(
     protected: tuple[Stack, Path],
 ) -> None:
@@ -115,20 +133,8 @@ def test_a_downstream_that_is_down_costs_no_attempt_and_each_event_acts_once_whe
     assert len(cooldowns) >= 2, cooldowns
     assert max(cooldowns) <= RETRY_SECONDS + 0.05, cooldowns
 
-    server = later.start()
-    try:
-        wait_until(lambda: later.effects.keys() == set(keys), timeout=60, interval=0.2)
-        wait_until(
-            lambda: set(key_rows(stack.database_url, keys).values()) == {("succeeded", 1)},
-            timeout=30,
-            interval=0.2,
-        )
-        assert later.effects == {key: 1 for key in keys}
-        assert len(later.requests) == len(keys)
-        assert query(stack.database_url, "SELECT count(*) FROM dead_letters") == [(0,)]
-    finally:
-        server.shutdown()
-        server.server_close()
+    _serve_and_see_each_once(stack, later, keys)
+    assert len(later.requests) == len(keys)
 
 
 def test_a_workflow_published_again_gets_its_held_events_without_spending_attempts(
@@ -191,19 +197,8 @@ def test_an_ordered_route_down_for_a_while_applies_its_lane_in_acceptance_order_
     head = keys[0]
     wait_until(lambda: _not_sent_rows(stack, head) > MAX_ATTEMPTS, timeout=60, interval=0.5)
     assert {attempts for _, attempts in key_rows(stack.database_url, keys).values()} == {0}
-    server = later.start()
-    try:
-        wait_until(
-            lambda: set(key_rows(stack.database_url, keys).values()) == {("succeeded", 1)},
-            timeout=90,
-            interval=0.2,
-        )
-        assert later.effects == {key: 1 for key in keys}
-        assert [body["update"] for _, body in later.applied] == [0, 1, 2, 3]
-        assert query(stack.database_url, "SELECT count(*) FROM dead_letters") == [(0,)]
-    finally:
-        server.shutdown()
-        server.server_close()
+    _serve_and_see_each_once(stack, later, keys)
+    assert [body["update"] for _, body in later.applied] == [0, 1, 2, 3]
 
 
 def libpq_url(database_url: str) -> str:
@@ -305,16 +300,4 @@ def test_a_backlog_behind_a_downstream_that_is_down_looks_at_the_circuit_at_a_bo
     time.sleep(WINDOW_SECONDS)
     returns = _circuit_returns(stack) - before
     assert returns < BACKLOG, returns
-    server = later.start()
-    try:
-        wait_until(lambda: later.effects.keys() == set(keys), timeout=120, interval=0.5)
-        wait_until(
-            lambda: set(key_rows(stack.database_url, keys).values()) == {("succeeded", 1)},
-            timeout=60,
-            interval=0.5,
-        )
-        assert later.effects == {key: 1 for key in keys}
-        assert query(stack.database_url, "SELECT count(*) FROM dead_letters") == [(0,)]
-    finally:
-        server.shutdown()
-        server.server_close()
+    _serve_and_see_each_once(stack, later, keys)
