@@ -268,16 +268,16 @@ def _held(stack: Stack) -> int:
     return int(rows[0][0])
 
 
-BACKLOG = 600
-WINDOW_SECONDS = 10.0
+BACKLOG = 300
+WINDOW_SECONDS = 6.0
 
 
 def test_a_backlog_behind_a_downstream_that_is_down_looks_at_the_circuit_at_a_bounded_rate(
     protected: tuple[Stack, Path],
 ) -> None:
-    """600 events arrive while nothing listens: the circuit opens and re-opens every second
+    """300 events arrive while nothing listens: the circuit opens and re-opens every second
     (nothing was sent), and the held keys do not all come back each time, a claim and a
-    deferral each: they wait in line, so over 10 s fewer come back than there are held keys
+    deferral each: they wait in line, so over 6 s fewer come back than there are held keys
     (each came back every 0.5 to 1 s before, thousands of returns). Once a server starts on the
     port each event is applied exactly once."""
     stack, routes = protected
