@@ -22,6 +22,7 @@ import argparse
 import itertools
 import json
 import random
+import re
 import shutil
 import signal
 import sys
@@ -235,16 +236,17 @@ def _report_recovery(run: Run, chaos: HaChaos, cluster: ha_cluster.Cluster, code
 
 
 def _patroni_dcs_outcomes(log_dir: Path, failsafe: bool) -> dict[str, Any]:
-    """How often a primary's Patroni found etcd unreachable (every member timed out within
-    `retry_timeout`) and what it did: demoted itself, or stayed the primary through failsafe
-    mode (every other node answered). From the Patroni nodes' logs."""
+    """How often a primary's Patroni found etcd unreachable (every member failed within
+    `retry_timeout`) and what it did: demoted itself (a partitioned primary must: it is
+    counted too), or stayed the primary through failsafe mode (every other node answered).
+    From the Patroni nodes' logs."""
+    demoted = re.compile(r"INFO: demoting self because DCS is not accessible and I was a leader$")
+    stayed = re.compile(r"INFO: continue to run as a leader because failsafe mode is enabled")
     counts = {"failsafe_mode": failsafe, "demoted": 0, "stayed_by_failsafe": 0}
     for path in sorted(log_dir.glob("patroni-*.log")):
-        text = path.read_text(errors="replace")
-        counts["demoted"] += text.count("INFO: demoting self because DCS is not accessible")
-        counts["stayed_by_failsafe"] += text.count(
-            "INFO: continue to run as a leader because failsafe"
-        )
+        lines = path.read_text(errors="replace").splitlines()
+        counts["demoted"] += sum(1 for line in lines if demoted.search(line))
+        counts["stayed_by_failsafe"] += sum(1 for line in lines if stayed.search(line))
     return counts
 
 
