@@ -101,7 +101,7 @@ ARGS ?=
 chaos-net: install iptables ## Chaos soak across 9 hosts (network namespaces, as root): cut, slow and lossy links (10 min)
 	$(PY) -m tests.chaos.net_soak $(ARGS)
 
-chaos-ha: install iptables patroni ## Chaos soak over a Patroni cluster (3 PostgreSQL nodes, etcd): failovers mid-traffic (10 min; ARGS='--short --rabbitmq': CI's, with a RabbitMQ cluster)
+chaos-ha: install iptables patroni ## Chaos soak over a Patroni cluster (3 PostgreSQL nodes, 3 etcd members): failovers and etcd leader losses mid-traffic (10 min; ARGS='--short --rabbitmq': CI's, with a RabbitMQ cluster)
 	$(PY) -m tests.chaos.ha_soak $(ARGS)
 
 bench: $(BENCH_STAMP) ## Measure throughput, latency and memory, beside the peers, on this machine (~30 min; docs/explanation/performance.md)

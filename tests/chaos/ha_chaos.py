@@ -4,13 +4,16 @@ The faults, decided up front from the seed (`plan_ha_faults`): the primary kille
 its Patroni and its PostgreSQL: the machine lost at once; the node starts again later and
 rejoins as a replica), the primary partitioned away (its interface down: Patroni on it demotes
 it when it can no longer renew the leader key, a replica is promoted meanwhile), a switchover
-asked of Patroni's REST API, and the synchronous standby killed.
+asked of Patroni's REST API, the synchronous standby killed, and the etcd member that leads
+etcd's Raft group killed or partitioned away (the other two elect another; Patroni's leader key
+must survive it, so the primary stays where it is).
 
 `HaChaos` is the multi-host soak's fault thread (tests/chaos/net_chaos.py) with these kinds
 added; the node each fault hits is chosen when it is due (whichever is the primary then). A
 watcher records when a new primary took office. `recovery` then measures, per fault, the time
 from the fault to the first event accepted (200/202) on a request sent after the new primary
-took office, and to the first key that succeeded after it (the database's clock).
+took office, and to the first key that succeeded after it (the database's clock); for an etcd
+fault, also when etcd had another leader and whether the primary stayed one meanwhile.
 """
 
 from __future__ import annotations
@@ -34,24 +37,37 @@ from tests.chaos.netns import Network
 PG_KINDS = ("kill_primary", "isolate_primary", "switchover", "kill_standby")
 # The RabbitMQ cluster's, when the soak runs one: a node killed, a node partitioned away.
 BROKER_KINDS = ("kill_broker_node", "isolate_broker_node")
-HA_KINDS = PG_KINDS + BROKER_KINDS
+# etcd's: the member that is Raft leader at that moment killed, or partitioned away.
+ETCD_KINDS = ("kill_etcd_leader", "isolate_etcd_leader")
+HA_KINDS = PG_KINDS + BROKER_KINDS + ETCD_KINDS
 # How long a killed node stays down, and a partitioned primary away, before it comes back.
 DOWN_SECONDS = 25.0
 # How long the watcher waits for a new primary after a fault.
 PROMOTION_PATIENCE = 90.0
+# The roles Patroni's REST API gives a primary (3.0 says "master").
+PRIMARY_ROLES = ("master", "primary")
 
 
-def plan_ha_faults(seed: int, duration: float, short: bool, broker: bool) -> list[NetFault]:
-    """A short run: the primary killed, a broker node killed (with a RabbitMQ cluster), then a
-    switchover. A full run: rounds of every kind, over 10-80 % of `duration`, a fault every
-    `gap` seconds so each one's aftermath is its own."""
+def plan_ha_faults(
+    seed: int, duration: float, short: bool, broker: bool, kinds: list[str] | None = None
+) -> list[NetFault]:
+    """`kinds` in this order if given. Otherwise a short run: the primary killed, the etcd
+    leader killed, a broker node killed (with a RabbitMQ cluster), then a switchover while the
+    etcd member is still down (two members of three). A full run: rounds of every PostgreSQL
+    (and broker) kind, and each etcd kind once, at a place of the seed's choosing. Over 10-80 %
+    of `duration`, a fault every `gap` seconds so each one's aftermath is its own."""
     rng = random.Random(f"ha-faults:{seed}")
     every = PG_KINDS + (BROKER_KINDS if broker else ())
-    if short:
-        kinds = ["kill_primary", *(["kill_broker_node"] if broker else []), "switchover"]
+    if kinds is not None:
+        kinds = list(kinds)
+    elif short:
+        broker_kinds = ["kill_broker_node"] if broker else []
+        kinds = ["kill_primary", "kill_etcd_leader", *broker_kinds, "switchover"]
     else:
         rounds = max(1, int(0.75 * duration // (len(every) * 45)))
         kinds = [kind for _ in range(rounds) for kind in rng.sample(every, len(every))]
+        for kind in ETCD_KINDS:
+            kinds.insert(rng.randrange(len(kinds) + 1), kind)
     start, window = 0.1 * duration, 0.7 * duration
     gap = window / len(kinds)
     faults = []
@@ -59,6 +75,7 @@ def plan_ha_faults(seed: int, duration: float, short: bool, broker: bool) -> lis
         at = round(start + i * gap + rng.uniform(0, 0.1 * gap), 1)
         seconds = 0.0 if kind == "switchover" else DOWN_SECONDS
         target = "broker" if kind in BROKER_KINDS else kind.split("_")[-1]
+        target = "etcd-leader" if kind in ETCD_KINDS else target
         faults.append(NetFault(at, seconds, kind, target))
     return faults
 
@@ -84,14 +101,20 @@ class HaChaos(NetChaos):
         # --lag-before-kill: seconds the standbys stop receiving WAL before a primary's kill.
         self.lag_before_kill = 0.0
         self.hit: dict[int, str] = {}  # id(fault) -> the node it hit
+        # Faults begun so far: a watcher stops when the next one begins (a switchover's
+        # request takes seconds, and its record is logged only once it is done).
+        self.begun = 0
         # Per fault (its index in `log`): when it was done, and when a new primary took office.
         self.times: dict[int, dict[str, Any]] = {}
 
     def _do(self, fault: NetFault) -> dict[str, Any]:
+        self.begun += 1
         if fault.kind not in HA_KINDS:
             return super()._do(fault)
         if fault.kind in BROKER_KINDS:
             return self._broker_fault(fault)
+        if fault.kind in ETCD_KINDS:
+            return self._etcd_fault(fault)
         old = self.cluster.leader()
         if fault.kind == "kill_standby":
             standbys = self.cluster.standbys(synchronous=self.cluster.synchronous)
@@ -126,8 +149,59 @@ class HaChaos(NetChaos):
         done = asked if fault.kind == "switchover" else {"done_wall": time.time(), "at": self.now()}
         times = self.times[len(self.log)] = done
         if fault.kind != "kill_standby":
-            threading.Thread(target=self._watch_promotion, args=(times, old), daemon=True).start()
+            self._watch(self._watch_promotion, times, old, self.begun)
         return record
+
+    @staticmethod
+    def _watch(target: Any, *args: Any) -> None:
+        threading.Thread(target=target, args=args, daemon=True).start()
+
+    def _etcd_fault(self, fault: NetFault) -> dict[str, Any]:
+        etcd = self.cluster.etcd
+        assert etcd is not None
+        member = etcd.leader()
+        if member is None:
+            raise RuntimeError("no etcd member says it is the leader")
+        primary = self.cluster.leader()
+        if primary is None:
+            raise RuntimeError(f"no primary: {self.cluster.members()}")
+        state = self.cluster.node_state(primary) or {}
+        record: dict[str, Any] = {
+            "host": member,
+            "node": member,
+            "primary_before": primary,
+            "timeline_before": state.get("timeline"),
+        }
+        if fault.kind == "kill_etcd_leader":
+            record["pids"] = etcd.kill_member(member)
+        else:
+            self.net.isolate(member)
+        self.hit[id(fault)] = member
+        times = self.times[len(self.log)] = {"done_wall": time.time(), "at": self.now()}
+        self._watch(self._watch_promotion, times, primary, self.begun)
+        self._watch(self._watch_etcd, times, member, primary, state.get("timeline"), self.begun)
+        return record
+
+    def _watch_etcd(
+        self, times: dict[str, Any], member: str, primary: str, timeline: int | None, number: int
+    ) -> None:
+        """Note when another etcd member leads, and when the primary stopped being one (its
+        role or timeline changed, as its own Patroni says: that answer asks nothing of etcd),
+        polled every 0.2 s until 10 s after the member is back or the next fault starts."""
+        etcd = self.cluster.etcd
+        assert etcd is not None
+        deadline = time.monotonic() + DOWN_SECONDS + 10
+        while time.monotonic() < deadline and not self.stop.is_set() and self.begun == number:
+            if "etcd_elected_wall" not in times:
+                leader = etcd.leader(besides=member)
+                if leader is not None:
+                    times.update(etcd_elected_wall=time.time(), etcd_leader=leader)
+            state = self.cluster.node_state(primary) or {}
+            seen = {k: state.get(k) for k in ("role", "state", "timeline")}
+            demoted = state and (seen["role"] not in PRIMARY_ROLES or seen["timeline"] != timeline)
+            if demoted and "primary_lost_wall" not in times:
+                times.update(primary_lost_wall=time.time(), primary_seen=seen)
+            time.sleep(0.2)
 
     def _kill_lagging_primary(self, node: str) -> dict[str, Any]:
         """The asynchronous case at its worst: the primary cut from every standby (packets
@@ -157,10 +231,11 @@ class HaChaos(NetChaos):
         self.times[len(self.log)] = {"done_wall": time.time(), "at": self.now()}
         return record
 
-    def _watch_promotion(self, times: dict[str, Any], old: str | None) -> None:
-        """Note when another node is the running leader (polled every 0.2 s)."""
+    def _watch_promotion(self, times: dict[str, Any], old: str | None, number: int) -> None:
+        """Note when another node is the running leader (polled every 0.2 s), until the next
+        fault begins (`number`: this fault's place among those begun)."""
         deadline = time.monotonic() + PROMOTION_PATIENCE
-        while time.monotonic() < deadline and not self.stop.is_set():
+        while time.monotonic() < deadline and not self.stop.is_set() and self.begun == number:
             leader = self.cluster.leader()
             if leader is not None and leader != old:
                 times["promoted_wall"] = time.time()
@@ -194,6 +269,9 @@ class HaChaos(NetChaos):
             elif node is not None and fault.kind == "kill_broker_node":
                 assert self.rabbit is not None
                 self.rabbit.start_node(node)
+            elif node is not None and fault.kind == "kill_etcd_leader":
+                assert self.cluster.etcd is not None
+                self.cluster.etcd.start_member(node)
             elif node is not None:
                 self.cluster.start_node(node)
         except Exception as error:
@@ -212,10 +290,13 @@ def recovery(
     is what the new one serves."""
     rows = []
     with check.connect(database_url) as conn:
-        for fault in faults:
+        for index, fault in enumerate(faults):
             if fault["kind"] not in HA_KINDS:
                 continue
             began = float(fault["done_wall"])
+            # The fault's own aftermath: 30 s, or less if the next fault began sooner.
+            after = [float(f["started_wall"]) for f in faults[index + 1 :]]
+            until = min([began + DOWN_SECONDS + 5, *after])
             since = float(fault.get("promoted_wall", began))
             accepted = [
                 t0_wall + a.started + a.elapsed
@@ -252,10 +333,15 @@ def recovery(
                 (acked, began),
             ).fetchone()
             lost = int(found[0]) if found else 0
+            # What intake saw in that aftermath: answers that were not 2xx because no primary
+            # took writes, and the slowest answer.
+            during = [a for a in answers if began <= t0_wall + a.started < until]
             rows.append(
                 {
                     "what": fault["what"],
                     "node": fault.get("node"),
+                    "answered_503": sum(a.status == 503 for a in during),
+                    "slowest_answer": round(max((a.elapsed for a in during), default=0.0), 2),
                     "replica_lag_bytes": fault.get("replica_lag_bytes"),
                     "new_primary": fault.get("new_primary"),
                     "promoted_after": round(since - began, 2) if since != began else None,
@@ -263,6 +349,7 @@ def recovery(
                     "first_succeeded_after": round(succeeded - began, 2) if succeeded else None,
                     "first_published_after": round(published - began, 2) if published else None,
                     "acknowledged_then_lost": lost,
+                    **_etcd_figures(fault, began),
                 }
             )
     summary: dict[str, Any] = {"faults": rows}
@@ -274,3 +361,18 @@ def recovery(
             "missing": len(rows) - len(values),
         }
     return summary
+
+
+def _etcd_figures(fault: dict[str, Any], began: float) -> dict[str, Any]:
+    """An etcd fault's own: seconds until another member led etcd, and until the primary
+    stopped being one (None: it stayed, as it should with two members of three left)."""
+    if fault["kind"] not in ETCD_KINDS:
+        return {}
+    elected, lost = fault.get("etcd_elected_wall"), fault.get("primary_lost_wall")
+    return {
+        "etcd_leader": fault.get("etcd_leader"),
+        "etcd_elected_after": round(elected - began, 2) if elected else None,
+        "primary_before": fault.get("primary_before"),
+        "primary_lost_after": round(lost - began, 2) if lost else None,
+        "primary_seen": fault.get("primary_seen"),
+    }

@@ -1,11 +1,12 @@
 """A Patroni-managed PostgreSQL cluster with etcd, on the HA soak's network namespaces.
 
-One etcd member on the "etcd" host (etcd 3.4 with its v2 API, which Debian's Patroni 3.0 speaks
-through python3-etcd) and a Patroni node on each of the "pg-N" hosts, each running its own
-PostgreSQL 15 in a data directory of its own. Patroni bootstraps the first node that wins the
-leader key and makes the others streaming replicas; with `synchronous_mode` one of them is the
-synchronous standby and every commit waits for it (`synchronous_commit = on`), so a commit the
-primary acknowledged is on a node that can be promoted.
+An etcd member on each of the etcd hosts (tests/chaos/ha_etcd.py: three for the soak, one for a
+test that needs no etcd faults) and a Patroni node on each of the "pg-N" hosts, each running
+its own PostgreSQL 15 in a data directory of its own. Every Patroni node is given every etcd
+member's address and moves to the next when one fails to answer. Patroni bootstraps the first
+node that wins the leader key and makes the others streaming replicas; with `synchronous_mode`
+one of them is the synchronous standby and every commit waits for it (`synchronous_commit =
+on`), so a commit the primary acknowledged is on a node that can be promoted.
 
 PostgreSQL refuses to run as root: Patroni, and the servers it starts, run as the `postgres`
 system user (Debian's PostgreSQL packages create it). Nothing outside the soak's own folder is
@@ -28,20 +29,24 @@ from typing import Any
 import httpx
 
 from outbox.store.embedded import terminate
+from tests.chaos.ha_etcd import ETCD, EtcdCluster
 from tests.chaos.netns import Network
 
 PATRONI = "/usr/bin/patroni"
-ETCD = "etcd"
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 PG_PORT = 5432
 REST_PORT = 8008
-ETCD_PORT = 2379
 SCOPE = "idem-ha"
 RUN_AS = "postgres"
 # Patroni's timing: the leader key lives `ttl` seconds, each node looks every `loop_wait`; a dead
 # primary's key expires within ttl and a replica takes over on its next loop (Patroni's
 # own rule: ttl >= loop_wait + 2 * retry_timeout).
 TTL, LOOP_WAIT, RETRY_TIMEOUT = 10, 1, 4
+# Patroni splits `retry_timeout` among the etcd members (1.33 s each of three): while etcd elects
+# a leader a write to a follower waits, and a primary whose leader-key update failed on every
+# member within the budget demotes itself, though the key lives on. With failsafe mode it asks
+# the other Patroni nodes first (POST /failsafe) and stays the primary if every one answers.
+FAILSAFE = True
 
 
 def unavailable() -> str | None:
@@ -58,7 +63,9 @@ def unavailable() -> str | None:
     return None
 
 
-def _config(net: Network, node: str, data: Path, synchronous: bool) -> dict[str, Any]:
+def _config(
+    net: Network, node: str, data: Path, synchronous: bool, etcd: list[str], failsafe: bool
+) -> dict[str, Any]:
     ip = net.ip(node)
     subnet = net.subnet
     return {
@@ -66,7 +73,7 @@ def _config(net: Network, node: str, data: Path, synchronous: bool) -> dict[str,
         "name": node,
         "log": {"level": "INFO"},
         "restapi": {"listen": f"{ip}:{REST_PORT}", "connect_address": f"{ip}:{REST_PORT}"},
-        "etcd": {"host": f"{net.ip('etcd')}:{ETCD_PORT}"},
+        "etcd": {"hosts": etcd},
         "bootstrap": {
             "dcs": {
                 "ttl": TTL,
@@ -74,6 +81,7 @@ def _config(net: Network, node: str, data: Path, synchronous: bool) -> dict[str,
                 "retry_timeout": RETRY_TIMEOUT,
                 "maximum_lag_on_failover": 16 * 1024 * 1024,
                 "synchronous_mode": synchronous,
+                "failsafe_mode": failsafe,
                 "postgresql": {
                     "use_pg_rewind": True,
                     "parameters": {
@@ -119,7 +127,9 @@ class Cluster:
     nodes: list[str]
     synchronous: bool = True
     log_dir: Path | None = None
-    etcd: subprocess.Popen[bytes] | None = None
+    etcd_hosts: list[str] = field(default_factory=lambda: ["etcd"])
+    failsafe: bool = FAILSAFE
+    etcd: EtcdCluster | None = None
     patronis: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def _log(self, name: str) -> Any:
@@ -131,18 +141,8 @@ class Cluster:
         # PostgreSQL runs as, which reads only its own node's folder below.
         for folder in (self.base.parent, self.base):
             os.chmod(folder, 0o755)
-        ip = self.net.ip("etcd")
-        argv = [
-            *self.net.on("etcd"),
-            *(ETCD, "--name", "etcd", "--data-dir", str(self.base / "etcd")),
-            *("--listen-client-urls", f"http://{ip}:{ETCD_PORT}"),
-            *("--advertise-client-urls", f"http://{ip}:{ETCD_PORT}"),
-            *("--listen-peer-urls", f"http://{ip}:2380"),
-            *("--initial-advertise-peer-urls", f"http://{ip}:2380"),
-            *("--initial-cluster", f"etcd=http://{ip}:2380", "--enable-v2=true"),
-        ]
-        with self._log("etcd") as log:
-            self.etcd = subprocess.Popen(argv, stdout=log, stderr=log)
+        self.etcd = EtcdCluster(self.net, self.base / "etcd", self.etcd_hosts, self.log_dir)
+        self.etcd.start(timeout)
         user = pwd.getpwnam(RUN_AS)
         for node in self.nodes:
             data = self.base / node
@@ -150,24 +150,13 @@ class Cluster:
             os.chown(data, user.pw_uid, user.pw_gid)
             config = data / "patroni.yml"
             # JSON is YAML: Patroni reads it as its configuration file.
-            config.write_text(json.dumps(_config(self.net, node, data, self.synchronous)))
+            etcd = self.etcd.endpoints()
+            settings = _config(self.net, node, data, self.synchronous, etcd, self.failsafe)
+            config.write_text(json.dumps(settings))
             os.chown(config, user.pw_uid, user.pw_gid)
-        self._wait_etcd(timeout)
         for node in self.nodes:
             self.start_node(node)
         self.wait_healthy(timeout)
-
-    def _wait_etcd(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        url = f"http://{self.net.ip('etcd')}:{ETCD_PORT}/health"
-        while time.monotonic() < deadline:
-            assert self.etcd is not None
-            if self.etcd.poll() is not None:
-                raise RuntimeError(f"etcd exited with {self.etcd.returncode}")
-            if self._get(url) is not None:
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"etcd not healthy after {timeout:g} s")
 
     def start_node(self, node: str) -> None:
         """Start (or start again) the node's Patroni, which starts its PostgreSQL."""
@@ -204,6 +193,14 @@ class Cluster:
         except httpx.HTTPError:
             return None
         return response.json() if response.status_code == 200 else None
+
+    def node_state(self, node: str) -> dict[str, Any] | None:
+        """The node's own Patroni's view of its PostgreSQL (role, state, timeline): local, so
+        it answers while etcd does not."""
+        if node in self.net.isolated:
+            return None
+        found = self._get(f"http://{self.net.ip(node)}:{REST_PORT}/patroni")
+        return dict(found) if isinstance(found, dict) else None
 
     def members(self) -> list[dict[str, Any]]:
         """The cluster's members as Patroni's REST API lists them (any node that answers)."""
@@ -262,4 +259,4 @@ class Cluster:
         for node in self.nodes:
             self.kill_node(node)
         if self.etcd is not None:
-            terminate([self.etcd], grace=5)
+            self.etcd.stop()

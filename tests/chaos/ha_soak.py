@@ -1,17 +1,19 @@
 """`python -m tests.chaos.ha_soak`: the chaos soak over a Patroni cluster (`make chaos-ha`).
 
 The multi-host soak's traffic (events, claims, duplicates, lost answers: tests/chaos/net_soak.py)
-with PostgreSQL replaced by three Patroni-managed nodes and etcd (tests/chaos/ha_cluster.py),
-each on a host of its own, with a synchronous standby. Every gateway process connects with
-libpq's multi-host URL (`host=pg-1,pg-2,pg-3 ... target_session_attrs=read-write`) and is never
-restarted by the soak: after each failover it must find the new primary by itself. The faults
-(tests/chaos/ha_chaos.py): the primary killed, partitioned away, switched over, the
-synchronous standby killed. The checks are the multi-host soak's (one effect per key, every
+with PostgreSQL replaced by three Patroni-managed nodes and a three-member etcd
+(tests/chaos/ha_cluster.py, ha_etcd.py), each on a host of its own, with a synchronous
+standby. Every gateway process connects with libpq's multi-host URL (`host=pg-1,pg-2,pg-3 ...
+target_session_attrs=read-write`) and is never restarted by the soak: after each failover it
+must find the new primary by itself. The faults (tests/chaos/ha_chaos.py): the primary killed,
+partitioned away, switched over, the synchronous standby killed, etcd's leader killed or
+partitioned away. The checks are the multi-host soak's (one effect per key, every
 acknowledged event present and final, quiescent at the end), plus no gateway process that
 exited by itself; the report adds, per fault, the time to the first accepted event and to the
 first succeeded key. Exits 1 on any violation, 2 if it could not run.
 
     python -m tests.chaos.ha_soak [--short] [--seconds 600] [--seed N] [--async-replication]
+        [--faults kill_etcd_leader,kill_primary,...] [--no-failsafe]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import itertools
 import json
 import random
+import re
 import shutil
 import signal
 import sys
@@ -35,7 +38,7 @@ from tests.brokers import RabbitNode
 from tests.chaos import ha_cluster, ha_rabbit, netns, plan
 from tests.chaos.client import Sender
 from tests.chaos.crm import FakeCrm
-from tests.chaos.ha_chaos import HaChaos, plan_ha_faults, recovery
+from tests.chaos.ha_chaos import BROKER_KINDS, HA_KINDS, HaChaos, plan_ha_faults, recovery
 from tests.chaos.net_chaos import say
 from tests.chaos.net_fleet import NetFleet, start_redis
 from tests.chaos.net_report import Run, finish
@@ -47,7 +50,9 @@ from tests.support import ROOT
 DEFAULT_REPORT = ROOT / ".idem" / "chaos-ha-report.json"
 HOSTS = {
     "client": 10,
-    "etcd": 19,
+    "etcd-1": 17,
+    "etcd-2": 18,
+    "etcd-3": 19,
     "pg-1": 21,
     "pg-2": 22,
     "pg-3": 23,
@@ -59,6 +64,7 @@ HOSTS = {
     "worker-2": 52,
 }
 NODES = ["pg-1", "pg-2", "pg-3"]
+ETCD_MEMBERS = ["etcd-1", "etcd-2", "etcd-3"]
 # With --rabbitmq: the broker is a three-node RabbitMQ cluster instead of the Redis on "broker".
 RABBIT_HOSTS = {"rmq-1": 61, "rmq-2": 62, "rmq-3": 63}
 WORKERS = ("worker-1", "worker-2")
@@ -81,7 +87,13 @@ def soak(args: argparse.Namespace, seed: int, base: Path, net: netns.Network) ->
     metrics_root.mkdir()
     net.log_dir = run.log_dir
     cluster = ha_cluster.Cluster(
-        net, base / "cluster", NODES, synchronous=not args.async_replication, log_dir=run.log_dir
+        net,
+        base / "cluster",
+        NODES,
+        synchronous=not args.async_replication,
+        log_dir=run.log_dir,
+        etcd_hosts=ETCD_MEMBERS,
+        failsafe=not args.no_failsafe,
     )
     rabbit = None
     if args.rabbitmq:
@@ -118,7 +130,9 @@ def soak(args: argparse.Namespace, seed: int, base: Path, net: netns.Network) ->
             run.events, deliveries = plan.plan_events(
                 seed, args.events, args.seconds, args.claims_share
             )
-            faults = plan_ha_faults(seed, args.seconds, args.short, broker=rabbit is not None)
+            faults = plan_ha_faults(
+                seed, args.seconds, args.short, broker=rabbit is not None, kinds=args.faults
+            )
             receivers = [fleet.url("receiver-1"), fleet.url("receiver-2")]
             run.posted = [d for d in deliveries if d.event.via == plan.VIA_EVENTS]
             run.claimed = [d for d in deliveries if d.event.via == plan.VIA_CLAIMS]
@@ -144,8 +158,9 @@ def soak(args: argparse.Namespace, seed: int, base: Path, net: netns.Network) ->
                 if sender.now() > args.seconds + 180:
                     break
             run.outage = chaos.outage()
+            run.outage_planned = any(f.kind == "kill_primary" for f in faults)
             code = finish(run)
-            return _report_recovery(run, chaos, code)
+            return _report_recovery(run, chaos, cluster, code)
     except BaseException:
         run.keep_logs = True
         raise
@@ -164,15 +179,17 @@ def soak(args: argparse.Namespace, seed: int, base: Path, net: netns.Network) ->
             say(f"chaos-ha: logs kept in {kept}")
 
 
-def _report_recovery(run: Run, chaos: HaChaos, code: int) -> int:
+def _report_recovery(run: Run, chaos: HaChaos, cluster: ha_cluster.Cluster, code: int) -> int:
     """Add the failovers' figures to the report; a process that exited by itself (the soak
-    restarts none) or a fault with no recovery seen is a violation."""
+    restarts none), a fault with no recovery seen, or an etcd member that did not rejoin is a
+    violation."""
     assert run.sender is not None
     figures = recovery(chaos.timed_log(), run.sender.answers, run.t0_wall, run.database_url)
     report_path = Path(run.args.report)
     report = json.loads(report_path.read_text())
     report["recovery"] = figures
     report["replication"] = "asynchronous" if run.args.async_replication else "synchronous"
+    report["patroni"] = _patroni_dcs_outcomes(run.log_dir, cluster.failsafe)
     problems = [f"{i['process']}: {i['what']}" for i in chaos.incidents]
     problems += [
         f"{row['what']}: no {name.removesuffix('_after').replace('_', ' ')} after it"
@@ -180,6 +197,11 @@ def _report_recovery(run: Run, chaos: HaChaos, code: int) -> int:
         for name in ("first_accepted_after", "first_succeeded_after")
         if row[name] is None
     ]
+    try:
+        assert cluster.etcd is not None
+        cluster.etcd.wait_healthy(30)
+    except RuntimeError as error:
+        problems.append(f"etcd at the end: {error}")
     report["ha_violations"] = problems
     report["ok"] = report["ok"] and not problems
     report_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
@@ -191,13 +213,41 @@ def _report_recovery(run: Run, chaos: HaChaos, code: int) -> int:
             f" {row['first_succeeded_after']} s, first message published after"
             f" {row['first_published_after']} s; {row['acknowledged_then_lost']} events"
             f" acknowledged before it lost by it; replicas behind by"
-            f" {row['replica_lag_bytes']} bytes"
+            f" {row['replica_lag_bytes']} bytes; {row['answered_503']} answers 503, the"
+            f" slowest {row['slowest_answer']} s"
         )
+        if "etcd_leader" in row:
+            say(
+                f"chaos-ha: {row['what']}: etcd led by {row['etcd_leader']} after"
+                f" {row['etcd_elected_after']} s; the primary {row['primary_before']}"
+                + (
+                    " stayed the primary"
+                    if row["primary_lost_after"] is None
+                    else f" stopped being one after {row['primary_lost_after']} s"
+                    f" ({row['primary_seen']})"
+                )
+            )
     for name in ("first_accepted_after", "first_succeeded_after", "first_published_after"):
         say(f"chaos-ha: {name}: {figures[name]}")
+    say(f"chaos-ha: Patroni when etcd did not answer: {report['patroni']}")
     for problem in problems:
         say(f"chaos-ha: violation: {problem}")
     return code if code != 0 else (1 if problems else 0)
+
+
+def _patroni_dcs_outcomes(log_dir: Path, failsafe: bool) -> dict[str, Any]:
+    """How often a primary's Patroni found etcd unreachable (every member failed within
+    `retry_timeout`) and what it did: demoted itself (a partitioned primary must: it is
+    counted too), or stayed the primary through failsafe mode (every other node answered).
+    From the Patroni nodes' logs."""
+    demoted = re.compile(r"INFO: demoting self because DCS is not accessible and I was a leader$")
+    stayed = re.compile(r"INFO: continue to run as a leader because failsafe mode is enabled")
+    counts = {"failsafe_mode": failsafe, "demoted": 0, "stayed_by_failsafe": 0}
+    for path in sorted(log_dir.glob("patroni-*.log")):
+        lines = path.read_text(errors="replace").splitlines()
+        counts["demoted"] += sum(1 for line in lines if demoted.search(line))
+        counts["stayed_by_failsafe"] += sum(1 for line in lines if stayed.search(line))
+    return counts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,8 +288,27 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the broker is a three-node RabbitMQ cluster (quorum queue), its nodes lost too",
     )
+    parser.add_argument(
+        "--faults",
+        type=lambda text: [kind.strip() for kind in text.split(",") if kind.strip()],
+        default=None,
+        help="the faults, in this order, spread over 10-80 %% of the run (comma-separated, of: "
+        + ", ".join(HA_KINDS)
+        + "); default: the short or full run's plan",
+    )
+    parser.add_argument(
+        "--no-failsafe",
+        action="store_true",
+        help="Patroni's failsafe_mode off: a primary whose etcd requests all time out while"
+        " etcd elects a leader demotes itself (docs/explanation/reliability.md)",
+    )
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     args = parser.parse_args(argv)
+    unknown = [kind for kind in args.faults or [] if kind not in HA_KINDS]
+    if unknown:
+        parser.error(f"unknown fault kinds {unknown}; known: {', '.join(HA_KINDS)}")
+    if any(kind in BROKER_KINDS for kind in args.faults or []) and not args.rabbitmq:
+        parser.error("a broker fault needs --rabbitmq")
     args.seconds = args.seconds or (SHORT_SECONDS if args.short else 600.0)
     args.events = args.events or round(EVENTS_PER_SECOND * args.seconds)
 
