@@ -19,6 +19,7 @@ import random
 import statistics
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from tests.chaos import check
@@ -41,13 +42,18 @@ DOWN_SECONDS = 25.0
 PROMOTION_PATIENCE = 90.0
 
 
-def plan_ha_faults(seed: int, duration: float, short: bool, broker: bool) -> list[NetFault]:
+def plan_ha_faults(
+    seed: int, duration: float, short: bool, broker: bool, chosen: Sequence[str] = ()
+) -> list[NetFault]:
     """A short run: the primary killed, a broker node killed (with a RabbitMQ cluster), then a
     switchover. A full run: rounds of every kind, over 10-80 % of `duration`, a fault every
-    `gap` seconds so each one's aftermath is its own."""
+    `gap` seconds so each one's aftermath is its own. `chosen` (`--faults`): those kinds in
+    that order instead, spread the same way (one fault's aftermath in a run of minutes)."""
     rng = random.Random(f"ha-faults:{seed}")
     every = PG_KINDS + (BROKER_KINDS if broker else ())
-    if short:
+    if chosen:
+        kinds = list(chosen)
+    elif short:
         kinds = ["kill_primary", *(["kill_broker_node"] if broker else []), "switchover"]
     else:
         rounds = max(1, int(0.75 * duration // (len(every) * 45)))

@@ -12,6 +12,7 @@ exited by itself; the report adds, per fault, the time to the first accepted eve
 first succeeded key. Exits 1 on any violation, 2 if it could not run.
 
     python -m tests.chaos.ha_soak [--short] [--seconds 600] [--seed N] [--async-replication]
+        [--rabbitmq] [--faults isolate_broker_node,kill_primary]
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from tests.brokers import RabbitNode
 from tests.chaos import ha_cluster, ha_rabbit, netns, plan
 from tests.chaos.client import Sender
 from tests.chaos.crm import FakeCrm
-from tests.chaos.ha_chaos import HaChaos, plan_ha_faults, recovery
+from tests.chaos.ha_chaos import BROKER_KINDS, HA_KINDS, HaChaos, plan_ha_faults, recovery
 from tests.chaos.net_chaos import say
 from tests.chaos.net_fleet import NetFleet, start_redis
 from tests.chaos.net_report import Run, finish
@@ -118,7 +119,9 @@ def soak(args: argparse.Namespace, seed: int, base: Path, net: netns.Network) ->
             run.events, deliveries = plan.plan_events(
                 seed, args.events, args.seconds, args.claims_share
             )
-            faults = plan_ha_faults(seed, args.seconds, args.short, broker=rabbit is not None)
+            faults = plan_ha_faults(
+                seed, args.seconds, args.short, broker=rabbit is not None, chosen=args.faults
+            )
             receivers = [fleet.url("receiver-1"), fleet.url("receiver-2")]
             run.posted = [d for d in deliveries if d.event.via == plan.VIA_EVENTS]
             run.claimed = [d for d in deliveries if d.event.via == plan.VIA_CLAIMS]
@@ -238,8 +241,21 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the broker is a three-node RabbitMQ cluster (quorum queue), its nodes lost too",
     )
+    parser.add_argument(
+        "--faults",
+        type=lambda text: [kind for kind in text.split(",") if kind],
+        default=[],
+        help="these faults in this order instead of the seed's plan, comma-separated: "
+        + ", ".join(HA_KINDS)
+        + " (the broker's need --rabbitmq)",
+    )
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     args = parser.parse_args(argv)
+    unknown = [kind for kind in args.faults if kind not in HA_KINDS]
+    if unknown:
+        parser.error(f"--faults: no fault kind {', '.join(unknown)}")
+    if not args.rabbitmq and set(args.faults) & set(BROKER_KINDS):
+        parser.error("--faults: a RabbitMQ node's fault needs --rabbitmq")
     args.seconds = args.seconds or (SHORT_SECONDS if args.short else 600.0)
     args.events = args.events or round(EVENTS_PER_SECOND * args.seconds)
 

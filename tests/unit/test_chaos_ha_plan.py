@@ -26,3 +26,16 @@ def test_the_short_run_kills_the_primary_then_switches_over() -> None:
     assert faults[0].seconds == DOWN_SECONDS and faults[1].seconds == 0
     with_broker = plan_ha_faults(1, 100, short=True, broker=True)
     assert [f.kind for f in with_broker] == ["kill_primary", "kill_broker_node", "switchover"]
+
+
+def test_chosen_faults_come_in_the_order_given_within_the_run() -> None:
+    """`--faults`: exactly those kinds, in that order, each over before the drain."""
+    faults = plan_ha_faults(7, 150, short=False, broker=True, chosen=["isolate_broker_node"])
+    assert [(f.kind, f.host, f.seconds) for f in faults] == [
+        ("isolate_broker_node", "broker", DOWN_SECONDS)
+    ]
+    assert faults[0].at + faults[0].seconds <= 0.85 * 150
+    chosen = ["switchover", "isolate_broker_node", "kill_primary"]
+    assert [
+        f.kind for f in plan_ha_faults(7, 300, short=True, broker=True, chosen=chosen)
+    ] == chosen
