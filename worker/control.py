@@ -3,46 +3,43 @@ connection no longer stops it, and a second worker of a running one's name is st
 
 Celery's remote control (`celery inspect`, Flower, compose's healthcheck ping) reaches a worker
 through its control queue, `<node name>.celery.pidbox`, bound to the fanout exchange
-`celery.pidbox`: every command reaches every bound queue, and a worker runs those that name it
-(or name no one). On RabbitMQ that queue is exclusive (Celery's `control_queue_exclusive`,
-Celery's default; RabbitMQ 4.3 refuses a transient queue that is not): it belongs to the
-connection that declared it, and goes with that connection.
+`celery.pidbox`. On RabbitMQ that queue is exclusive (Celery's `control_queue_exclusive`, its
+default; RabbitMQ 4.3 refuses a transient queue that is not): it belongs to the connection that
+declared it, and goes with that connection.
 
-A connection can end at the worker's end only: the node it used went silent (partitioned away),
-or the worker's own network did. The worker reconnects at once, to the next node of a cluster's
-failover list or to the same one, while the broker still holds the old connection until its
-heartbeat timeout (across a cluster, until the other nodes see that node gone or it comes
-back). Declaring the queue again then meets `RESOURCE_LOCKED` (405), a channel error Celery's
-consumer does not recover from: "Unrecoverable error", and the worker exited (70) with its task
-consumer working.
+A connection can end at the worker's end only: the node it used went silent (partitioned
+away), or the worker's own network did. The worker reconnects at once, to the next node of a
+cluster's failover list or to the same one, while the broker still holds the old connection
+until its heartbeat timeout, or, across a cluster, until the silent node comes back or the
+others see it gone. Declaring the queue again then meets `RESOURCE_LOCKED` (405), a channel
+error Celery's consumer does not recover from: "Unrecoverable error", and the worker exited
+(70) with its task consumer working.
 
-This module's `Control` step (Celery's, with the `Pidbox` below) answers the refusal by when it
-comes:
+This module's `Control` step (Celery's, with the `Pidbox` below) answers the refusal by when
+it comes:
 
 - On a later connection of the process, the holder is most likely the process's own old
-  connection. The worker goes on consuming tasks (they come on another channel) and consumes a
-  stand-in control queue of its own, `<node name>.<8 hex digits>.celery.pidbox`, exclusive and
-  bound to the same exchange, so remote control answers at once (`worker.control_queue_held`).
-  Every `RETAKE_SECONDS` it declares its own queue again; once the broker has let the old
-  connection go it takes it back and drops the stand-in (`worker.control_queue_retaken`), so
-  the name is locked again against a second worker.
+  connection. The worker goes on consuming tasks (they come on another channel), without
+  remote control (`worker.control_queue_held`), and declares its queue again every
+  `RETAKE_SECONDS` until the broker has let the old connection go
+  (`worker.control_queue_retaken`).
 - On the process's first connection, another connection holds the name: a second worker
-  started with a running one's `WORKER_NAME`, or one that was stopped without closing its
-  connection (its host lost) and that the broker has not yet let go. The worker stops before
-  running anything: `worker.name_in_use`, exit status `EXIT_NAME_IN_USE`.
+  started with a running one's `WORKER_NAME`, or one stopped without closing its connection
+  (its host lost) that the broker has not yet let go. The worker stops before running
+  anything: `worker.name_in_use`, exit status `EXIT_NAME_IN_USE`.
 
-A worker on its stand-in whose name another worker took meanwhile (started while this one was
-away) never gets its queue back: it says so every `WARN_EVERY_SECONDS`, and both answer that
-name's commands until one of them is stopped.
+A worker whose name another worker took while it was away (started meanwhile) does not get its
+queue back: it runs without remote control and says so every `WARN_EVERY_SECONDS`.
 
-Not chosen: a non-exclusive control queue. RabbitMQ 4.3 refuses transient non-exclusive queues,
-a durable one on a cluster lives on one node (lost with it), and a second worker of the same
-name would share the queue silently, each command reaching one of the two.
+Not chosen: a stand-in control queue of another name meanwhile. A new queue is a write to the
+cluster's metadata, which RabbitMQ 3.10 holds until every node answers: during a partition its
+declaration waited for the silent node to come back, and the worker's consumer with it, where
+the refusal of a held queue comes at once. Nor a non-exclusive control queue: RabbitMQ 4.3
+refuses transient ones, and a second worker of the same name would share it silently.
 """
 
 from __future__ import annotations
 
-import secrets
 import threading
 import time
 from typing import Any
@@ -51,7 +48,6 @@ from celery.exceptions import WorkerShutdown
 from celery.worker.consumer.control import Control as CeleryControl
 from celery.worker.pidbox import Pidbox as CeleryPidbox
 from kombu.common import ignore_errors
-from kombu.messaging import Consumer
 
 from outbox.core.logs import get_logger
 
@@ -61,11 +57,11 @@ RESOURCE_LOCKED = 405
 # The exit status of a worker refused its name (EX_TEMPFAIL, sysexits.h): the name may be free
 # later, once the broker lets a lost holder's connection go.
 EXIT_NAME_IN_USE = 75
-# How often a worker on its stand-in declares its own queue again: one round trip to the
-# broker, and the old connection goes within RabbitMQ's heartbeat timeout (a minute or two) or
-# at once when the silent node comes back.
+# How often a worker without its control queue declares it again: one round trip that the
+# broker refuses at once while the queue is held, and the old connection goes within
+# RabbitMQ's heartbeat timeout (a minute or two) or as soon as a silent node is back.
 RETAKE_SECONDS = 5.0
-# How often a worker still on its stand-in says so.
+# How often a worker still without its control queue says so.
 WARN_EVERY_SECONDS = 60.0
 
 log = get_logger(__name__)
@@ -75,14 +71,13 @@ name_refused = threading.Event()
 
 
 class Pidbox(CeleryPidbox):  # type: ignore[misc]
-    """Celery's worker mailbox, which meets a control queue held by another connection with a
-    stand-in (later connections) or a refusal (the first)."""
+    """Celery's worker mailbox, which meets a control queue held by another connection with
+    retries (later connections) or a refusal (the first)."""
 
     def __init__(self, c: Any) -> None:
         super().__init__(c)
-        self.held = False  # this process has consumed its own control queue
-        self.standing_in = False
-        self.held_since = 0.0
+        self.held = False  # this process has consumed its control queue
+        self.lost_since = 0.0
         self.warned = 0.0
         self.retake: Any = None  # the timer entry of the next attempt
 
@@ -90,6 +85,7 @@ class Pidbox(CeleryPidbox):  # type: ignore[misc]
         if self._take(c):
             return
         if not self.held:
+            name_refused.set()
             log.error(
                 "worker.name_in_use",
                 name=self.hostname,
@@ -98,15 +94,14 @@ class Pidbox(CeleryPidbox):  # type: ignore[misc]
                 " running with the same WORKER_NAME, or one stopped without closing its"
                 " connection that the broker has not yet let go",
             )
-            name_refused.set()
             raise WorkerShutdown(EXIT_NAME_IN_USE)
-        stand_in = self._stand_in(c)
-        self.held_since = self.warned = time.monotonic()
+        self.lost_since = self.warned = time.monotonic()
         log.warning(
             "worker.control_queue_held",
             name=self.hostname,
-            stand_in=stand_in,
             retake_every_seconds=RETAKE_SECONDS,
+            reason="another connection, most likely this worker's previous one, still holds"
+            " its control queue: tasks go on, remote control is off until it is taken back",
         )
         self._schedule(c)
 
@@ -119,8 +114,8 @@ class Pidbox(CeleryPidbox):  # type: ignore[misc]
         super().shutdown(c)
 
     def _take(self, c: Any) -> bool:
-        """Consume this worker's own control queue on a new channel (and drop the stand-in);
-        False when another connection holds it."""
+        """Consume this worker's control queue on a new channel; False when another
+        connection holds it."""
         channel = c.connection.channel()
         try:
             consumer = self.node.listen(channel=channel, callback=self.on_message)
@@ -131,33 +126,10 @@ class Pidbox(CeleryPidbox):  # type: ignore[misc]
             # leave one open.
             ignore_errors(c, channel.close)  # type: ignore[no-untyped-call]
             return False
-        self._close_channel(c)  # the stand-in's, if any
-        self._use(c, channel, consumer)
-        self.held, self.standing_in = True, False
-        return True
-
-    def _stand_in(self, c: Any) -> str:
-        """Consume a control queue of this connection's own, bound to the same exchange: the
-        commands reach it as they reach the held one, and the node answers them as itself."""
-        queue = self.node.mailbox.get_queue(f"{self.hostname}.{secrets.token_hex(4)}")
-        channel = c.connection.channel()
-        # As Celery's node consumes its own queue (kombu's signatures carry no types).
-        consumer: Any = Consumer(  # type: ignore[no-untyped-call]
-            channel,
-            [queue],
-            no_ack=True,
-            accept=self.node.mailbox.accept,
-            callbacks=[self.on_message],
-        )
-        consumer.consume()
-        self._use(c, channel, consumer)
-        self.standing_in = True
-        return str(queue.name)
-
-    def _use(self, c: Any, channel: Any, consumer: Any) -> None:
         consumer.on_decode_error = c.on_decode_error
         # The node replies on its channel; Celery's stop closes it with the consumer.
-        self.node.channel, self.consumer = channel, consumer
+        self.node.channel, self.consumer, self.held = channel, consumer, True
+        return True
 
     def _schedule(self, c: Any) -> None:
         # The event loop's timer runs the attempt in the consumer's thread, which owns the
@@ -166,23 +138,25 @@ class Pidbox(CeleryPidbox):  # type: ignore[misc]
             self.retake = c.timer.call_after(RETAKE_SECONDS, self._retake, (c,))
 
     def _retake(self, c: Any) -> None:
-        """One more attempt at the worker's own queue (a lost connection raises through the
-        event loop, which reconnects and starts the step again)."""
+        """One more attempt at the worker's control queue (a lost connection raises through
+        the event loop, which reconnects and starts the step again)."""
         self.retake = None
-        if not self.standing_in:
-            return
         try:
             taken = self._take(c)
         except c.connection.channel_errors as error:
             log.warning("worker.control_queue_retake_failed", name=self.hostname, error=repr(error))
             taken = False
-        held_seconds = round(time.monotonic() - self.held_since, 1)
+        without_seconds = round(time.monotonic() - self.lost_since, 1)
         if taken:
-            log.info("worker.control_queue_retaken", name=self.hostname, held_seconds=held_seconds)
+            log.info(
+                "worker.control_queue_retaken", name=self.hostname, without_seconds=without_seconds
+            )
             return
         if time.monotonic() - self.warned >= WARN_EVERY_SECONDS:
             self.warned = time.monotonic()
-            log.warning("worker.control_queue_held", name=self.hostname, held_seconds=held_seconds)
+            log.warning(
+                "worker.control_queue_held", name=self.hostname, without_seconds=without_seconds
+            )
         self._schedule(c)
 
     def _cancel_retake(self) -> None:

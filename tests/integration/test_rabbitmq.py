@@ -229,8 +229,8 @@ def test_a_worker_whose_old_connection_still_holds_its_control_queue_goes_on(
     """The worker's connection ends at its end only (its network went silent) and it reconnects
     while the broker still holds the old connection and, with it, the worker's exclusive
     control queue (RabbitMQ refuses the queue to the new connection: RESOURCE_LOCKED): the
-    worker keeps consuming, answers a ping meanwhile, and takes its own queue back once the
-    broker has let the old connection go."""
+    worker keeps consuming, and takes its queue back, answering pings again, once the broker
+    has let the old connection go."""
     stack, db, name = on_node, on_node.database_url, "control@test"
     proxy = TcpProxy(node.port).start()
     try:
@@ -258,7 +258,6 @@ def test_a_worker_whose_old_connection_still_holds_its_control_queue_goes_on(
         for i in range(6):
             post_event(stack, envelope(f"while-held-{i}"))
         wait_until(lambda: _succeeded(db) > 1, timeout=30)
-        assert _pinged(node.url, name)
         assert "worker.control_queue_retaken" not in stack.logs("worker")
 
         proxy.release()
