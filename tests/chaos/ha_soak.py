@@ -147,6 +147,8 @@ def soak(args: argparse.Namespace, seed: int, base: Path, net: netns.Network) ->
                 if sender.now() > args.seconds + 180:
                     break
             run.outage = chaos.outage()
+            # Only a killed primary is timed as the receivers' outage (HaChaos.outage).
+            run.outage_expected = not args.faults or "kill_primary" in args.faults
             code = finish(run)
             return _report_recovery(run, chaos, code)
     except BaseException:

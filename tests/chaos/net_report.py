@@ -64,6 +64,8 @@ class Run:
     # When the database was down for the receivers (seconds into the send phase), if a fault
     # other than a receiver's cut from it made it so (the HA soak's failover).
     outage: tuple[float, float] | None = None
+    # False when the plan holds no fault that takes the database away (the HA soak's --faults).
+    outage_expected: bool = True
 
     def stop(self) -> None:
         """Stop the faults and the clients, heal every fault, stop every process (safe to
@@ -148,7 +150,7 @@ def finish(run: Run) -> int:
     )
     events, posted = run.events, run.posted
     violations, facts = check.verify(
-        events, posted, sender.answers, sender.final, crm_state, db, outage
+        events, posted, sender.answers, sender.final, crm_state, db, outage, run.outage_expected
     )
     claims = check.verify_claims(events, run.claimed, workflows.ledger, crm_state, db, violations)
     ordered = check.verify_ordered(events, crm_state, db, violations)
