@@ -801,14 +801,18 @@ class Stack:
     def start_relay(self, name: str = "relay") -> None:
         self._spawn(name, ["-m", "outbox.cli", "relay"])
 
-    def start_worker(self, name: str = "worker", concurrency: int | None = None) -> None:
-        """A worker with the default pool (WORKER_POOL in extra_env chooses another)."""
+    def start_worker(
+        self, name: str = "worker", concurrency: int | None = None, wait: bool = True
+    ) -> None:
+        """A worker with the default pool (WORKER_POOL in extra_env chooses another); with
+        `wait`, returns once it is about to consume (else at once, for one that may refuse)."""
         self.metrics_ports[name] = free_port()
         self.extra_env["WORKER_METRICS_PORT"] = str(self.metrics_ports[name])
         flags = ["--concurrency", str(concurrency)] if concurrency else []
         process = self._spawn(name, ["-m", "worker", *flags])
-        # The metrics port opens just before Celery starts consuming.
-        wait_for_port(self.metrics_ports[name], process, timeout=30)
+        if wait:
+            # The metrics port opens just before Celery starts consuming.
+            wait_for_port(self.metrics_ports[name], process, timeout=30)
 
     def start_sweeper(self, name: str = "sweeper") -> None:
         self._spawn(name, ["-m", "outbox.cli", "sweep"])
@@ -918,6 +922,10 @@ class TcpProxy:
         self.port = free_port()
         self._server: socket.socket | None = None
         self._sockets: list[socket.socket] = []
+        # Per open connection, its client's socket and its upstream socket.
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        # Upstream sockets `orphan` keeps open and unread until `release`.
+        self._held: list[socket.socket] = []
         self._lock = threading.Lock()
 
     def start(self) -> TcpProxy:
@@ -947,11 +955,11 @@ class TcpProxy:
             upstream.settimeout(None)
             with self._lock:
                 self._sockets += [client, upstream]
+                self._pairs.append((client, upstream))
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while data := source.recv(65536):
                 sink.sendall(data)
@@ -959,8 +967,11 @@ class TcpProxy:
             pass
         finally:
             for sock in (source, sink):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+                with self._lock:
+                    held = sock in self._held
+                if not held:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
 
     def cut(self) -> None:
         """Refuse new connections and drop every open one."""
@@ -971,7 +982,29 @@ class TcpProxy:
             self._server.close()
             self._server = None
         with self._lock:
-            sockets, self._sockets = self._sockets, []
+            sockets, self._sockets, self._pairs = self._sockets, [], []
+        self._close(sockets)
+
+    def orphan(self) -> None:
+        """End every open connection at its client's end only: the upstream sockets stay open
+        and unread, so the server still sees each connection alive (as a server sees a client
+        whose network went silent) until `release` or its own timeout; the client sees it end
+        at once. New connections are forwarded as before."""
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+            self._held += [upstream for _, upstream in pairs]
+            clients = [client for client, _ in pairs]
+            self._sockets = [s for s in self._sockets if s not in self._held + clients]
+        self._close(clients)
+
+    def release(self) -> None:
+        """Close the upstream sockets `orphan` kept: the server sees those connections end."""
+        with self._lock:
+            held, self._held = self._held, []
+        self._close(held)
+
+    @staticmethod
+    def _close(sockets: list[socket.socket]) -> None:
         for sock in sockets:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -979,6 +1012,7 @@ class TcpProxy:
 
     def stop(self) -> None:
         self.cut()
+        self.release()
 
 
 def proxied_database(database_url: str) -> tuple[TcpProxy, str]:

@@ -4,6 +4,8 @@ The exit status tells a supervisor whether to start the worker again: 0 only aft
 signal (SIGTERM, SIGINT, SIGQUIT), non-zero whenever Celery stopped by itself. Celery's own
 `worker_main` returns normally after an "Unrecoverable error" (a broker that restarted, failed
 over or answered an error), so without this a worker under `Restart=on-failure` stays down.
+A worker refused its name on RabbitMQ (another connection holds its control queue:
+`worker.control`) exits 75.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from outbox.core.tokens import TokenError, check_settings  # noqa: E402
 from outbox.core.wire import TASK_QUEUE  # noqa: E402
 from outbox.store.connections import ConnectionBudgetError, check_budget, worker_budget  # noqa: E402
 from outbox.store.engines import create_sync_engine  # noqa: E402
+from worker import control  # noqa: E402
 from worker.app import create_worker_app  # noqa: E402
 
 # The status of a worker that stopped without being asked to (EX_SOFTWARE, sysexits.h).
@@ -121,6 +124,8 @@ def main(argv: list[str] | None = None) -> None:
         ]
     )
     status = exit_status(celery_status, asked.is_set())
+    if control.name_refused.is_set():
+        status = control.EXIT_NAME_IN_USE
     if not asked.is_set():
         log.error("worker.stopped_by_itself", celery_status=str(celery_status), exit_status=status)
     raise SystemExit(status)

@@ -1,4 +1,6 @@
-"""The worker's Celery consumer: Celery's own, less the native delayed delivery.
+"""The worker's Celery consumer: Celery's own, less the native delayed delivery, with a
+remote-control step that survives its control queue held by a lost connection
+(`worker.control`).
 
 Celery 5.5+ adds a bootstep to a worker that consumes a quorum queue (RabbitMQ): it declares
 28 quorum queues and 29 exchanges (`celery_delayed_*`) through which ETA and countdown tasks
@@ -12,13 +14,20 @@ from __future__ import annotations
 
 from celery.worker.consumer import Consumer as CeleryConsumer
 
+from worker.control import CONTROL_STEP
+
 DELAYED_DELIVERY_STEP = "celery.worker.consumer.delayed_delivery:DelayedDelivery"
+# Celery's remote-control step, replaced (a renamed step fails the control queue tests of
+# tests/integration/test_rabbitmq.py).
+STEPS = {CONTROL_STEP: "worker.control:Control"}
 
 
 class Consumer(CeleryConsumer):  # type: ignore[misc]
-    """Celery's consumer without the delayed-delivery step."""
+    """Celery's consumer without the delayed-delivery step, with this worker's control step."""
 
     class Blueprint(CeleryConsumer.Blueprint):  # type: ignore[misc]
         default_steps = tuple(
-            step for step in CeleryConsumer.Blueprint.default_steps if step != DELAYED_DELIVERY_STEP
+            STEPS.get(step, step)
+            for step in CeleryConsumer.Blueprint.default_steps
+            if step != DELAYED_DELIVERY_STEP
         )

@@ -137,9 +137,11 @@ class Settings(BaseSettings):
     # enable_events option), so watching the workers needs nothing here.
     worker_task_events: bool = False
     # The worker's Celery node name (`%h`: the host's name). Unset: `idem-<pid>@<host>`, one
-    # per process, since RabbitMQ lets only one consumer hold a node's control queue (a second
-    # worker of the same name on a host stops with RESOURCE_LOCKED). Set it where a
-    # healthcheck pings the worker by name (compose: `idem@%h`, one worker per container).
+    # per process, since on RabbitMQ a name's control queue belongs to one connection: a
+    # second worker started with a running one's name stops at once (`worker.name_in_use`,
+    # exit 75), while a running worker whose old connection still holds it after a reconnect
+    # goes on (worker/control.py). Set it where a healthcheck pings the worker by name
+    # (compose: `idem@%h`, one worker per container).
     worker_name: str = ""
 
     # The sweeper: how often it looks, and how long a key may wait on a published message

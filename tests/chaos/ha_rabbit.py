@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -162,5 +163,11 @@ class RabbitCluster:
         return ";".join(f"amqp://guest:guest@{self.net.ip(n)}:{AMQP_PORT}//" for n in self.nodes)
 
     def stop(self) -> None:
+        """Kill every node, and keep each node's own log (partitions, elections, closed
+        connections) beside the soak's logs."""
         for node in self.processes:
             self.kill_node(node)
+        if self.log_dir is not None:
+            for node in self.nodes:
+                for log in sorted((self.folder(node) / "log").glob("*.log")):
+                    shutil.copy(log, self.log_dir / f"rabbitmq-{node}-{log.name}")

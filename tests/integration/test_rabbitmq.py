@@ -8,6 +8,8 @@ run on RabbitMQ too (the tests marked `brokers`, tests/conftest.py).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +21,18 @@ import pytest
 from outbox.core.settings import Settings
 from outbox.relay.publisher import OutboxMessage, create_publisher, publish
 from tests.brokers import RabbitNode, queue_exists, queue_type, queued, rabbitmq_vhost
-from tests.support import Downstream, Reply, Stack, envelope, free_port, query, wait_until
+from tests.support import (
+    Downstream,
+    Reply,
+    Stack,
+    TcpProxy,
+    envelope,
+    free_port,
+    post_event,
+    query,
+    wait_until,
+)
+from worker.control import EXIT_NAME_IN_USE
 
 
 def _count(database_url: str, where: str) -> int:
@@ -190,3 +203,87 @@ def test_the_relay_publishes_through_the_next_node_of_a_failover_list() -> None:
         sent: list[int] = []
         publish(app, rows, sent)
         assert sent == [1, 2, 3] and queued(url) == 3
+
+
+def _pinged(broker_url: str, name: str) -> bool:
+    """Whether the worker of that node name answers `celery inspect ping` (compose's worker
+    healthcheck) within 5 s."""
+    command = ["inspect", "ping", "--destination", name, "--timeout", "5"]
+    ping = subprocess.run(
+        [sys.executable, "-m", "celery", "--broker", broker_url, *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return ping.returncode == 0 and name in ping.stdout
+
+
+def _succeeded(database_url: str) -> int:
+    return _count(database_url, "idempotency_keys WHERE status = 'succeeded'")
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_whose_old_connection_still_holds_its_control_queue_goes_on(
+    node: RabbitNode, on_node: Stack, downstream: Downstream
+) -> None:
+    """The worker's connection ends at its end only (its network went silent) and it reconnects
+    while the broker still holds the old connection and, with it, the worker's exclusive
+    control queue (RabbitMQ refuses the queue to the new connection: RESOURCE_LOCKED): the
+    worker keeps consuming, and takes its queue back, answering pings again, once the broker
+    has let the old connection go."""
+    stack, db, name = on_node, on_node.database_url, "control@test"
+    proxy = TcpProxy(node.port).start()
+    try:
+        stack.start_receiver()
+        stack.start_relay()
+        stack.extra_env.update(
+            BROKER_URL=f"amqp://guest:guest@127.0.0.1:{proxy.port}/", WORKER_NAME=name
+        )
+        stack.start_worker()
+        post_event(stack, envelope("before"))
+        wait_until(lambda: _succeeded(db) == 1, timeout=30)
+        assert _pinged(node.url, name)
+
+        proxy.orphan()
+        wait_until(
+            lambda: (
+                stack.processes["worker"].poll() is not None
+                or '"worker.control_queue_held"' in stack.logs("worker")
+            ),
+            timeout=60,
+        )
+        assert stack.processes["worker"].poll() is None, stack.logs("worker")[-3000:]
+        # The broker shares the task queue's messages between the new consumer and the old
+        # one, whose deliveries wait in the old connection until the broker lets it go.
+        for i in range(6):
+            post_event(stack, envelope(f"while-held-{i}"))
+        wait_until(lambda: _succeeded(db) > 1, timeout=30)
+        assert "worker.control_queue_retaken" not in stack.logs("worker")
+
+        proxy.release()
+        wait_until(lambda: '"worker.control_queue_retaken"' in stack.logs("worker"), timeout=60)
+        assert _pinged(node.url, name)
+        post_event(stack, envelope("after"))
+        wait_until(lambda: _succeeded(db) == 8, timeout=60)
+        assert stack.processes["worker"].poll() is None, stack.logs("worker")[-3000:]
+    finally:
+        proxy.stop()
+    assert list(downstream.effects.values()) == [1] * 8
+
+
+@pytest.mark.timeout(300)
+def test_a_second_worker_of_a_running_workers_name_is_refused(
+    node: RabbitNode, on_node: Stack
+) -> None:
+    """A second worker started with the WORKER_NAME of a running one stops at once with its own
+    exit status and a line that names the clash; the first goes on and still answers a ping."""
+    stack, name = on_node, "twin@test"
+    stack.extra_env["WORKER_NAME"] = name
+    stack.start_worker("first")
+    stack.start_worker("second", wait=False)
+    second = stack.processes["second"]
+    second.wait(timeout=120)
+    assert second.returncode == EXIT_NAME_IN_USE, stack.logs("second")[-3000:]
+    assert '"worker.name_in_use"' in stack.logs("second")
+    assert stack.processes["first"].poll() is None
+    assert _pinged(node.url, name)

@@ -64,3 +64,14 @@ def test_the_short_run_kills_the_primary_and_etcd_s_leader_then_switches_over() 
         "kill_broker_node",
         "switchover",
     ]
+
+
+def test_chosen_faults_come_in_the_order_given_within_the_run() -> None:
+    """`--faults`: exactly those kinds, in that order, each over before the drain."""
+    faults = plan_ha_faults(7, 150, short=False, broker=True, kinds=["isolate_broker_node"])
+    assert [(f.kind, f.host, f.seconds) for f in faults] == [
+        ("isolate_broker_node", "broker", DOWN_SECONDS)
+    ]
+    assert faults[0].at + faults[0].seconds <= 0.85 * 150
+    chosen = ["switchover", "isolate_broker_node", "kill_primary"]
+    assert [f.kind for f in plan_ha_faults(7, 300, short=True, broker=True, kinds=chosen)] == chosen
