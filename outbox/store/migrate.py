@@ -39,8 +39,26 @@ def head_revisions() -> frozenset[str]:
     return frozenset(ScriptDirectory(SCRIPT_LOCATION).get_heads())
 
 
-def is_at_head(connection: Connection, heads: frozenset[str] | None = None) -> bool:
-    """Whether the database's schema revision is the newest one this code knows (`heads`,
-    when the caller read them once)."""
+def known_revisions() -> frozenset[str]:
+    """Every revision this code knows, the oldest to the newest."""
+    return frozenset(
+        script.revision for script in ScriptDirectory(SCRIPT_LOCATION).walk_revisions()
+    )
+
+
+def schema_serves(
+    connection: Connection,
+    heads: frozenset[str] | None = None,
+    known: frozenset[str] | None = None,
+) -> bool:
+    """Whether this code runs on the database's schema: it is at the newest revision this code
+    knows (`heads`), or past it, at a revision this code does not know (`known`: every one it
+    does). Past it is a later release's schema, migrated first in a rolling upgrade: its
+    migrations only add, so this release's processes keep working on it until they are
+    replaced (docs/how-to/upgrading.md). A schema behind this code's is not served: its
+    statements name what the schema lacks. `heads` and `known` are for callers that read them
+    once."""
     current = set(MigrationContext.configure(connection).get_current_heads())
-    return current == (head_revisions() if heads is None else heads)
+    if current == (head_revisions() if heads is None else heads):
+        return True
+    return bool(current) and current.isdisjoint(known_revisions() if known is None else known)
