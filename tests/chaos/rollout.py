@@ -128,6 +128,8 @@ class Rollout:
             "seconds": round(seconds, 2),
             "exit_code": code,
             "revision": schema_revision(self.fleet.env["DATABASE_URL"]),
+            # How often a migration gave its lock up and was tried again.
+            "lock_retries": output.count('"migrations.lock_retry"'),
         }
 
     def _replace(self, old: Proc) -> dict[str, Any]:

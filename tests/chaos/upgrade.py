@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         fleet = VersionedFleet(env, log_dir, metrics_root, trees={OLD: old_tree, NEW: ROOT})
         _, code, output = fleet.migrate(OLD)
         if code != 0:
-            raise RuntimeError(f"{PREVIOUS_RELEASE}'s idem migrate exited {code}: {output}")
+            raise RuntimeError(f"{PREVIOUS_RELEASE}'s idem migrate exited {code}: {output[-2000:]}")
         schema_before = schema_revision(database_url)
         start_gateway(fleet, args.workers, args.concurrency)
         events, deliveries = plan.plan_events(

@@ -103,7 +103,7 @@ class VersionedFleet(Fleet):
         return f"http://127.0.0.1:{self.ports[proc.name]}"
 
     def migrate(self, version: str) -> tuple[float, int, str]:
-        """`idem migrate` with `version`'s code: (seconds, exit code, its output's end)."""
+        """`idem migrate` with `version`'s code: (seconds, exit code, its output)."""
         tree = self.trees[version]
         started = time.monotonic()
         done = subprocess.run(
@@ -118,7 +118,7 @@ class VersionedFleet(Fleet):
         output = done.stdout + done.stderr
         with (self.log_dir / f"migrate-{version}.log").open("a") as log:
             log.write(output)
-        return time.monotonic() - started, done.returncode, output[-2000:]
+        return time.monotonic() - started, done.returncode, output
 
     def code_problems(self) -> list[str]:
         """Every process whose first line does not name its version's `outbox` and `worker`

@@ -11,9 +11,9 @@ from tests.chaos.soak import _fmt, attempt_rows, closing_rows, render, traffic_r
 def _step_line(step: dict[str, Any]) -> str:
     line = f"{step['at']:.0f} s, {step['took']:.1f} s: "
     if step["step"] == "migrate":
-        return (
-            line
-            + f"migrated to {step['revision']} in {step['seconds']} s (exit {step['exit_code']})"
+        return line + (
+            f"migrated to {step['revision']} in {step['seconds']} s (exit {step['exit_code']},"
+            f" {step['lock_retries']} lock retries)"
         )
     return line + (
         f"{step['stopped']} replaced by {step['started']}"
