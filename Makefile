@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser iptables pgbouncer patroni run demo test test-slow chaos chaos-net chaos-ha lint format up migrate clean bench flames constraints n8n-e2e node-test docs docs-build schema
+.PHONY: help install browser iptables pgbouncer patroni run demo test test-slow chaos chaos-net chaos-ha chaos-upgrade lint format up migrate clean bench flames constraints n8n-e2e node-test docs docs-build schema
 
 help: ## List the targets with what they do
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -100,6 +100,9 @@ chaos: install ## Chaos soak: kills, restarts, lost answers; checks every event 
 ARGS ?=
 chaos-net: install iptables ## Chaos soak across 9 hosts (network namespaces, as root): cut, slow and lossy links (10 min)
 	$(PY) -m tests.chaos.net_soak $(ARGS)
+
+chaos-upgrade: install ## Rolling upgrade under load: 0.3.0 to this checkout, migrations live, each process replaced in turn (5 min; ARGS='--short': CI's, 90 s)
+	$(PY) -m tests.chaos.upgrade $(ARGS)
 
 chaos-ha: install iptables patroni ## Chaos soak over a Patroni cluster (3 PostgreSQL nodes, 3 etcd members): failovers and etcd leader losses mid-traffic (10 min; ARGS='--short --rabbitmq': CI's, with a RabbitMQ cluster)
 	$(PY) -m tests.chaos.ha_soak $(ARGS)

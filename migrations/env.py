@@ -7,6 +7,7 @@ from sqlalchemy import create_engine, pool
 
 from outbox.core.conninfo import sqlalchemy_url
 from outbox.core.settings import get_settings
+from outbox.store.migrate import LOCK_TIMEOUT_SECONDS
 
 config = context.config
 
@@ -24,6 +25,10 @@ def run_migrations_offline() -> None:
 def run_migrations_online() -> None:
     engine = create_engine(_url(), poolclass=pool.NullPool)
     with engine.connect() as connection:
+        # Live beside the gateway, a lock is waited for briefly, then the run is tried again
+        # (outbox/store/migrate.py).
+        connection.exec_driver_sql(f"SET lock_timeout = '{int(LOCK_TIMEOUT_SECONDS * 1000)}ms'")
+        connection.commit()
         context.configure(connection=connection, transaction_per_migration=True)
         with context.begin_transaction():
             context.run_migrations()

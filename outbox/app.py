@@ -217,10 +217,10 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
 
     @app.get("/readyz", responses={503: json_response("Not ready (the log says why)")})
     async def readyz() -> JSONResponse:
-        """Ready to take events: the database answers with the schema at head, the broker
-        answers. Unauthenticated, so it says only ready or not (which check failed is in the
-        log), and it checks at most once a second over reused connections
-        (outbox/store/readiness.py)."""
+        """Ready to take events: the database answers with the schema at this release's head
+        (or a later release's, migrated first in a rolling upgrade), the broker answers.
+        Unauthenticated, so it says only ready or not (which check failed is in the log), and
+        it checks at most once a second over reused connections (outbox/store/readiness.py)."""
         ready = await state["readiness"].ready()
         return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 

@@ -48,6 +48,13 @@ _INDEXES = (
 
 
 def upgrade() -> None:
+    # The locks first, in the order the gateway's statements take them (a key, then its outbox
+    # row): the key reference below needs one on the keys, and taken after the outbox's it
+    # deadlocked with a receiver that held its key and waited for the outbox (make
+    # chaos-upgrade). Waited for briefly, then the migration is tried again
+    # (outbox/store/migrate.py).
+    op.execute("LOCK TABLE idempotency_keys IN SHARE ROW EXCLUSIVE MODE")
+    op.execute("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
     bind = op.get_bind()
     midnight = bind.execute(
         text("SELECT date_trunc('day', now() AT TIME ZONE 'UTC') + interval '1 day'")

@@ -1,4 +1,5 @@
-"""Is this receiver ready to take traffic: database reachable, schema at head, broker reachable.
+"""Is this receiver ready to take traffic: database reachable, schema at this code's head (or a
+later release's, migrated first in a rolling upgrade), broker reachable.
 
 `/readyz` is public (load balancers and orchestrators probe it without credentials), so a flood
 of probes must cost the receiver next to nothing and learn nothing:
@@ -31,7 +32,7 @@ from sqlalchemy import Engine
 
 from outbox.core.broker import broker_kind
 from outbox.core.logs import get_logger
-from outbox.store.migrate import head_revisions, is_at_head
+from outbox.store.migrate import head_revisions, known_revisions, schema_serves
 
 log = get_logger(__name__)
 
@@ -114,6 +115,7 @@ class Readiness:
         self._engine = engine
         self._broker = broker_ping(broker_url)
         self._heads = head_revisions()
+        self._known = known_revisions()
         self._cache_seconds = cache_seconds
         self._clock = clock
         self._lock = asyncio.Lock()
@@ -137,12 +139,13 @@ class Readiness:
         return not failed
 
     def checks(self) -> dict[str, bool]:
-        """Each dependency's state: reachable database, schema at head, reachable broker."""
+        """Each dependency's state: reachable database, a schema this code runs on (at its
+        head or past it), reachable broker."""
         checks = {"database": False, "migrations": False, "broker": False}
         try:
             with self._engine.connect() as conn:
                 checks["database"] = True
-                checks["migrations"] = is_at_head(conn, self._heads)
+                checks["migrations"] = schema_serves(conn, self._heads, self._known)
         except Exception as error:
             log.warning("readyz.database", error=type(error).__name__)
         try:

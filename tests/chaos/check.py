@@ -255,10 +255,12 @@ def verify(
     crm: dict[str, Any],
     db: DbState,
     outage: tuple[float, float] | None,
+    *,
     outage_planned: bool = True,
 ) -> tuple[Violations, dict[str, Any]]:
-    """Check every event; returns the violations and the facts the report prints. A planned
-    database outage that did not happen is a violation (`outage_planned`: the plan has one)."""
+    """Check every event; returns the violations and the facts the report prints.
+    `outage`: when PostgreSQL was down, if it was; `outage_planned`: whether the soak meant
+    to take it down (a planned outage that never happened is a violation)."""
     v = Violations()
     by_key = {e.key: e for e in events}
     effects: dict[str, int] = crm["effects"]
@@ -386,13 +388,19 @@ def verify(
 
 
 def verify_ordered(
-    events: list[PlannedEvent], crm: dict[str, Any], db: DbState, v: Violations
+    events: list[PlannedEvent],
+    crm: dict[str, Any],
+    db: DbState,
+    v: Violations,
+    lanes: str = "source",
 ) -> dict[str, Any]:
     """Check the ordered route's contacts (adds to `v`): per contact the versions applied at
     the CRM strictly increase and end at the highest sent; every update ends `succeeded`
     (applied once) or `superseded` (by a newer version, applied at most once: its write may
-    have landed before its answer was lost), none applied twice, none dead-lettered. Returns
-    the facts the report prints."""
+    have landed before its answer was lost), none applied twice, none dead-lettered. How the
+    receivers store a contact's lane (`lanes`): "source" (`<source>:<contact>`), "shared"
+    (the contact alone: the route names its sources), or "either" (receivers of two
+    releases). Returns the facts the report prints."""
     effects: dict[str, int] = crm["effects"]
     applied: dict[str, list[list[Any]]] = {
         contact: [list(write) for write in writes] for contact, writes in crm["applied"].items()
@@ -414,8 +422,8 @@ def verify_ordered(
                 "ordered_last_not_highest",
                 f"{contact}: applied {versions}, highest sent {highest}",
             )
-        remembered = db.lanes.get((route, f"{SOURCE}:{contact}"))
-        if remembered != str(highest):
+        remembered = [db.lanes.get((route, lane)) for lane in _lanes(contact, lanes)]
+        if str(highest) not in remembered:
             v.add(
                 "ordered_lane_not_at_highest",
                 f"{contact}: the lane remembers {remembered!r}, highest sent {highest}",
@@ -432,7 +440,7 @@ def verify_ordered(
             v.add("duplicate_effect", f"{label}: {n} effects, status {status}")
         if db.dead_letters.get(key):
             v.add("unexpected_dead_letter", f"{label}: {db.dead_letters[key]}")
-        if row["lane"] != f"{SOURCE}:{event.contact}":
+        if row["lane"] not in _lanes(str(event.contact), lanes):
             v.add("ordered_wrong_lane", f"{label}: lane {row['lane']!r}")
         if status == "succeeded":
             if n != 1:
@@ -461,6 +469,12 @@ def verify_ordered(
         "applied_writes": sum(len(w) for w in applied.values()),
         "applied": {contact: [version for version, _ in w] for contact, w in applied.items()},
     }
+
+
+def _lanes(contact: str, lanes: str) -> tuple[str, ...]:
+    """The names a contact's lane may be stored under (see `verify_ordered`)."""
+    own, shared = f"{SOURCE}:{contact}", contact
+    return {"source": (own,), "shared": (shared,), "either": (shared, own)}[lanes]
 
 
 def verify_claims(

@@ -109,7 +109,15 @@ class Scheduler:
 
     def receiver(self) -> str:
         """The receiver for the next request: each in turn."""
-        return self.base_urls[next(self._turn) % len(self.base_urls)]
+        with self._lock:
+            return self.base_urls[next(self._turn) % len(self.base_urls)]
+
+    def set_receivers(self, base_urls: Sequence[str]) -> None:
+        """Send the next requests to `base_urls` only, as a load balancer does once a receiver
+        is added or taken out of its rotation (requests already sent finish where they are)."""
+        assert base_urls, "a rotation needs a receiver"
+        with self._lock:
+            self.base_urls = list(base_urls)
 
     def client(self, base_url: str, **options: Any) -> httpx.Client:
         """This thread's HTTP client for `base_url` (httpx clients are not shared between

@@ -76,9 +76,11 @@ class Request:
 
 
 class FakeCrm:
-    def __init__(self, seed: int, host: str = "127.0.0.1") -> None:
+    def __init__(self, seed: int, host: str = "127.0.0.1", late: bool = True) -> None:
         self.seed = seed
         self.host = host
+        # Whether a share of the writes is applied late (`plan.behaviour_of`).
+        self.late = late
         # Every request, in arrival order.
         self.requests: list[Request] = []
         # An armed catch: (address, set when a write is held, set to answer it).
@@ -178,7 +180,7 @@ class FakeCrm:
     def _reply(self, key: str, collection: str) -> tuple[int, dict[str, str], bool, float, bool]:
         """(status, headers, commit, delay, drop) for the next POST of `key`; a write applied
         late (`plan.APPLIED_LATE`) is held `delay` before its commit, and never answered."""
-        behaviour = plan.behaviour_at(self.seed, key, collection)
+        behaviour = plan.behaviour_at(self.seed, key, collection, self.late)
         with self.lock:
             self.posts[key] += 1
             n = self.posts[key]

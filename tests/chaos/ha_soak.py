@@ -43,7 +43,8 @@ from tests.chaos.net_chaos import say
 from tests.chaos.net_fleet import NetFleet, start_redis
 from tests.chaos.net_report import Run, finish
 from tests.chaos.net_soak import LEASE_SECONDS, gateway_env, warm_up
-from tests.chaos.soak import Timeline, write_routes
+from tests.chaos.settle import Timeline
+from tests.chaos.soak import write_routes
 from tests.chaos.workflow import Workflows
 from tests.support import ROOT
 
@@ -144,7 +145,7 @@ def soak(args: argparse.Namespace, seed: int, base: Path, net: netns.Network) ->
             chaos = HaChaos(faults, net, fleet, crm, sender.now, seed, cluster, rabbit)
             chaos.lag_before_kill = args.lag_before_kill
             run.chaos = chaos
-            warm_up(fleet, run.claims_token)
+            warm_up(receivers, run.claims_token)
             say(f"chaos-ha: {len(run.posted)} event and {len(run.claimed)} claims deliveries")
             say(f"chaos-ha: {len(faults)} faults: {[(f.at, f.kind) for f in faults]}")
             sender.start()

@@ -23,10 +23,9 @@ from tests.chaos.net_chaos import NetChaos, say
 from tests.chaos.net_fleet import NetFleet
 from tests.chaos.netns import Network
 from tests.chaos.plan import Delivery, PlannedEvent
+from tests.chaos.settle import Timeline, wait_quiescent
 from tests.chaos.soak import (
-    Timeline,
     _fmt,
-    _wait_quiescent,
     attempt_rows,
     closing_rows,
     crm_facts,
@@ -95,13 +94,13 @@ def _wait(run: Run) -> tuple[bool, bool, dict[str, int], float, float]:
         run.timeline.tick()
     drained = sender.outstanding() == 0 and workflows.outstanding() == 0
     last_request = sender.now()
-    quiet, counts, after = _wait_quiescent(
+    quiet, counts, after = wait_quiescent(
         run.database_url, run.crm, args.quiesce_timeout, run.timeline
     )
     within = quiet
     say(f"chaos-net: quiescent={quiet} after {after:.1f} s: {counts}")
     if not quiet and args.observe_after > 0:
-        quiet, counts, extra = _wait_quiescent(
+        quiet, counts, extra = wait_quiescent(
             run.database_url, run.crm, args.observe_after, run.timeline
         )
         after += extra
@@ -150,7 +149,14 @@ def finish(run: Run) -> int:
     )
     events, posted = run.events, run.posted
     violations, facts = check.verify(
-        events, posted, sender.answers, sender.final, crm_state, db, outage, run.outage_planned
+        events,
+        posted,
+        sender.answers,
+        sender.final,
+        crm_state,
+        db,
+        outage,
+        outage_planned=run.outage_planned,
     )
     claims = check.verify_claims(events, run.claimed, workflows.ledger, crm_state, db, violations)
     ordered = check.verify_ordered(events, crm_state, db, violations)

@@ -42,7 +42,8 @@ from tests.chaos.net_chaos import PREPARE_AHEAD_SECONDS, NetChaos, say
 from tests.chaos.net_fleet import NetFleet, start_postgres, start_redis
 from tests.chaos.net_plan import plan_net_faults
 from tests.chaos.net_report import Run, finish
-from tests.chaos.soak import Timeline, write_routes
+from tests.chaos.settle import Timeline
+from tests.chaos.soak import write_routes
 from tests.chaos.workflow import Workflows
 from tests.support import ROOT
 
@@ -93,15 +94,15 @@ def start_gateway(fleet: NetFleet) -> None:
     fleet.wait_serving(procs)
 
 
-def warm_up(fleet: NetFleet, token: str, rounds: int = 3, at_once: int = 16) -> None:
-    """Open each receiver's connection pool before the send phase: a receiver's first
-    requests each open a database connection (a password exchange, a backend started), and
-    a burst of them on a loaded machine took 10 s. A lookup of a key nobody has is the
-    cheapest request that uses the pool and changes nothing."""
+def warm_up(receivers: list[str], token: str, rounds: int = 3, at_once: int = 16) -> None:
+    """Open each receiver's connection pool (`receivers`: their base URLs) before it takes
+    traffic: a receiver's first requests each open a database connection (a password
+    exchange, a backend started), and a burst of them on a loaded machine took 10 s. A lookup
+    of a key nobody has is the cheapest request that uses the pool and changes nothing."""
     headers = {"Authorization": f"Bearer {token}"}
     urls = [
-        f"{fleet.url(host)}/v1/events/warm-up-{secrets.token_hex(4)}"
-        for host in ("receiver-1", "receiver-2")
+        f"{receiver}/v1/events/warm-up-{secrets.token_hex(4)}"
+        for receiver in receivers
         for _ in range(rounds * at_once)
     ]
     with ThreadPoolExecutor(at_once) as pool:
@@ -147,7 +148,7 @@ def soak(args: argparse.Namespace, seed: int, base: Path, net: netns.Network) ->
             run.claims_token = env["CLAIMS_TOKEN"]
             chaos = run.chaos = NetChaos(faults, net, fleet, crm, sender.now, seed)
             chaos.prepare(until=PREPARE_AHEAD_SECONDS)
-            warm_up(fleet, run.claims_token)
+            warm_up(receivers, run.claims_token)
             say(f"chaos-net: {len(run.posted)} event and {len(run.claimed)} claims deliveries")
             say(f"chaos-net: {len(faults)} faults: {[(f.at, f.what) for f in faults]}")
             sender.start()

@@ -82,22 +82,26 @@ class Behaviour:
     retry_after: int = 0  # seconds announced with each 503
 
 
-def behaviour_at(seed: int, key: str, collection: str) -> Behaviour:
+def behaviour_at(seed: int, key: str, collection: str, late: bool = True) -> Behaviour:
     """The key's behaviour at one collection of the fake CRM. The ordered contacts never
     refuse a write for good (a 422 would leave a dead letter holding the contact's lane, and
     the last version could not be applied): their invalid share behaves fine."""
-    behaviour = behaviour_of(seed, key)
+    behaviour = behaviour_of(seed, key, late)
     if collection == ORDERED_COLLECTION and behaviour.kind == INVALID:
         return Behaviour(OK)
     return behaviour
 
 
-def behaviour_of(seed: int, key: str) -> Behaviour:
-    """The key's behaviour at the fake CRM: deterministic in (seed, key)."""
+def behaviour_of(seed: int, key: str, late: bool = True) -> Behaviour:
+    """The key's behaviour at the fake CRM: deterministic in (seed, key). Without `late`, no
+    write is applied late: that share behaves fine (the upgrade soak's previous release
+    could act twice on such a write, a defect fixed since)."""
     digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
     share = int.from_bytes(digest[:8], "big") / 2**64
     for kind, size in SHARES:
         if share < size:
+            if kind == APPLIED_LATE and not late:
+                return Behaviour(OK)
             if kind == UNAVAILABLE:
                 return Behaviour(kind, failures=1 + digest[8] % 2, retry_after=1 + digest[9] % 2)
             return Behaviour(kind)
@@ -272,12 +276,12 @@ def derived_key(body: dict[str, Any]) -> str:
     return Envelope.model_validate(body).derived_key(fold_external_id_case=False)
 
 
-def claim_key(seed: int, index: int, wanted: str | None = None) -> str:
+def claim_key(seed: int, index: int, wanted: str | None = None, late: bool = True) -> str:
     """The key a workflow claims for event `index`; with `wanted`, the first candidate key
     whose CRM behaviour is that one (a few dozen hashes at most)."""
     for attempt in range(10_000):
         key = f"wf:{seed}:task:{index:06d}" + (f"-{attempt}" if attempt else "")
-        if wanted is None or behaviour_of(seed, key).kind == wanted:
+        if wanted is None or behaviour_of(seed, key, late).kind == wanted:
             return key
     raise AssertionError(f"no key with behaviour {wanted}")  # 10 000 misses: not in practice
 
@@ -305,7 +309,7 @@ def _copies(
 
 
 def plan_events(
-    seed: int, count: int, duration: float, claims_share: float = CLAIMS_SHARE
+    seed: int, count: int, duration: float, claims_share: float = CLAIMS_SHARE, late: bool = True
 ) -> tuple[list[PlannedEvent], list[Delivery]]:
     """`count` events, their first deliveries spread over the first 85 % of `duration`, each
     delivered 1 to 4 times (some copies concurrent, some soon, some at the very end), and 4 %
@@ -313,7 +317,8 @@ def plan_events(
     is handled by a workflow through /v1/claims instead of /v1/events, and a share of the
     other lead events goes to the fan-out route instead (`plan_fan_out`). On top of them, about
     ORDERED_SHARE as many updates of contacts on the ordered route (`plan_ordered`), numbered
-    last."""
+    last. Without `late`, no write is applied late (`behaviour_of`)."""
+    coverage = [kind for kind in CLAIMS_COVERAGE if late or kind != APPLIED_LATE]
     rng = random.Random(f"events:{seed}")
     ordered_rng = random.Random(f"ordered:{seed}")
     contacts = [
@@ -337,18 +342,18 @@ def plan_events(
         }
         event = PlannedEvent(index, event_type, external_id, payload, "", Behaviour(OK))
         if rng.random() < claims_share:
-            wanted = CLAIMS_COVERAGE[claims_seen] if claims_seen < len(CLAIMS_COVERAGE) else None
+            wanted = coverage[claims_seen] if claims_seen < len(coverage) else None
             event.via = VIA_CLAIMS
-            event.key = claim_key(seed, index, wanted)
+            event.key = claim_key(seed, index, wanted, late)
             event.lease_seconds = rng.randint(*CLAIM_LEASE_SECONDS)
             event.abandon = wanted == OK or rng.random() < ABANDON_SHARE
             claims_seen += 1
         else:
             if event_type == fan_out.REPLACES and fan_out_rng.random() < fan_out.SHARE_OF_LEADS:
-                plan_fan_out(seed, event, refusing=not fanned_out)
+                plan_fan_out(seed, event, refusing=not fanned_out, late=late)
                 fanned_out += 1
             event.key = event.key or derived_key(event.body())
-        event.behaviour = behaviour_of(seed, event.key)
+        event.behaviour = behaviour_of(seed, event.key, late)
         events.append(event)
         body = event.claim_body if event.via == VIA_CLAIMS else event.body
         first = window * index / count + rng.uniform(0, window / count)
@@ -364,20 +369,20 @@ def plan_events(
             changed = {**payload, "name": f"Someone Else {index}", "amount": payload["amount"] + 1}
             at = first + rng.uniform(0.5, 15.0) if rng.random() < 0.7 else duration
             deliveries.append(Delivery(event, CONFLICT, min(at, duration), body(changed)))
-    plan_ordered(seed, contacts, duration, events, deliveries, ordered_rng)
+    plan_ordered(seed, contacts, duration, events, deliveries, ordered_rng, late)
     deliveries.sort(key=lambda d: d.at)
     return events, deliveries
 
 
-def delivery_behaviours(seed: int, event_key: str) -> dict[str, Behaviour]:
+def delivery_behaviours(seed: int, event_key: str, late: bool = True) -> dict[str, Behaviour]:
     """Destination -> the behaviour the event's delivery there meets (its own key's)."""
     return {
-        name: behaviour_at(seed, key, fan_out.DESTINATIONS[name])
+        name: behaviour_at(seed, key, fan_out.DESTINATIONS[name], late)
         for name, key in fan_out.delivery_keys(event_key).items()
     }
 
 
-def plan_fan_out(seed: int, event: PlannedEvent, refusing: bool) -> None:
+def plan_fan_out(seed: int, event: PlannedEvent, refusing: bool, late: bool = True) -> None:
     """Make `event` one of the fan-out route's, with its key and its deliveries' behaviours.
     With `refusing` (the first fan-out event), its external id is the first candidate whose
     deliveries meet exactly one refusal (422): even the CI-sized run has an event that ends
@@ -387,7 +392,7 @@ def plan_fan_out(seed: int, event: PlannedEvent, refusing: bool) -> None:
     for attempt in range(10_000):
         event.external_id = base + (f"-{attempt}" if attempt else "")
         event.key = derived_key(event.body())
-        event.destinations = delivery_behaviours(seed, event.key)
+        event.destinations = delivery_behaviours(seed, event.key, late)
         kinds = [b.kind for b in event.destinations.values()]
         if not refusing or kinds.count(INVALID) == 1:
             return
@@ -401,6 +406,7 @@ def plan_ordered(
     events: list[PlannedEvent],
     deliveries: list[Delivery],
     rng: random.Random,
+    late: bool = True,
 ) -> None:
     """Updates of `len(contacts)` contacts (contact i gets versions 1 .. contacts[i]), appended
     to `events` and `deliveries`. A contact's first deliveries fall within
@@ -429,7 +435,7 @@ def plan_ordered(
                 version=version,
             )
             event.key = derived_key(event.body())
-            event.behaviour = behaviour_at(seed, event.key, ORDERED_COLLECTION)
+            event.behaviour = behaviour_at(seed, event.key, ORDERED_COLLECTION, late)
             events.append(event)
             same = rng.random() < ORDERED_SAME_INSTANT
             first = instant if same else start + rng.uniform(0, ORDERED_SPREAD_SECONDS)

@@ -143,15 +143,19 @@ class Fleet:
     generation: dict[str, int] = field(default_factory=dict)
     receiver_port: int = 0
 
+    def command(self, role: str, args: list[str]) -> tuple[list[str], Path, dict[str, str]]:
+        """How a process of `role` runs `python args`: its command line, working directory and
+        the environment it adds (the upgrade soak runs some on another release's code)."""
+        return [sys.executable, *args], ROOT, {}
+
     def _spawn(self, role: str, args: list[str], extra: dict[str, str] | None = None) -> Proc:
         n = self.generation.get(role, 0) + 1
         self.generation[role] = n
         name = f"{role}-{n}"
-        env = {**self.env, **(extra or {})}
+        argv, cwd, code_env = self.command(role, args)
+        env = {**self.env, **(extra or {}), **code_env}
         with (self.log_dir / f"{name}.log").open("ab") as log:
-            process = subprocess.Popen(
-                [sys.executable, *args], env=env, cwd=ROOT, stdout=log, stderr=log
-            )
+            process = subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=log)
         proc = Proc(name, role, process)
         self.procs[name] = proc
         return proc
@@ -201,6 +205,21 @@ class Fleet:
         _kill(pool)
         proc.process.wait(timeout=10)
         return [proc.process.pid, *(p.pid for p in pool)]
+
+    def retire(self, proc: Proc, timeout: float = 60.0) -> int | None:
+        """Stop the process as a supervisor does (SIGTERM, then SIGKILL after `timeout`), on
+        purpose; returns its exit code (None when it had to be killed)."""
+        pool = children(proc.process.pid)
+        proc.killed = True
+        proc.process.send_signal(signal.SIGTERM)
+        try:
+            code: int | None = proc.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.process.kill()
+            proc.process.wait(timeout=10)
+            code = None
+        _kill(pool)
+        return code
 
     def unexpected_exits(self) -> list[Proc]:
         """Processes that ended although nobody killed them, not noticed before."""

@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import random
-import secrets
-import shutil
 import signal
 import sys
 import tempfile
@@ -42,18 +39,34 @@ from tests.chaos import check, fan_out, fan_out_check, plan
 from tests.chaos.client import Sender
 from tests.chaos.crm import FakeCrm
 from tests.chaos.servers import Fleet, OwnBroker, OwnPostgres, OwnRabbit, OwnRedis, Supervisor
+from tests.chaos.settle import (
+    Timeline,
+    add_soak_options,
+    failed_report,
+    gateway_env,
+    gateway_facts,
+    leave,
+    publish,
+    say,
+    settled_facts,
+    stop_on_signals,
+    until_settled,
+    verify_traffic,
+)
 from tests.chaos.workflow import Workflows
 from tests.support import ROOT
 
 DEFAULT_REPORT = ROOT / ".idem" / "chaos-report.json"
 
 
-def write_routes(path: Path, crm_url: str, max_attempts: int) -> Path:
+def write_routes(path: Path, crm_url: str, max_attempts: int, shared_lanes: bool = False) -> Path:
     """One http route per event type, each with a reconcile lookup; timeouts well inside the
     5 s lease; short backoff; a budget far above what the injected faults can use up; a
     circuit breaker with short cool-downs (see `plan.CIRCUIT_COOLDOWN_SECONDS`). The
-    contacts' route also orders each contact's updates (`order_by`, `versions`). The orders'
-    route fans out to three destinations with the same settings (tests/chaos/fan_out.py)."""
+    contacts' route also orders each contact's updates (`order_by`, `versions`), with
+    `shared_lanes` naming its source (`sources`), whose lanes are then stored by the contact
+    alone. The orders' route fans out to three destinations with the same settings
+    (tests/chaos/fan_out.py)."""
     settings = f"""connect_timeout_seconds = 1
 read_timeout_seconds = 1
 backoff_base_seconds = 0.2
@@ -71,6 +84,8 @@ circuit_cooldown_cap_seconds = {plan.CIRCUIT_COOLDOWN_CAP_SECONDS}
         lanes = (
             'order_by = "/contact/id"\nversions = "supersede"\n' if event_type in ordered else ""
         )
+        if lanes and shared_lanes:
+            lanes += f'sources = ["{plan.SOURCE}"]\n'
         tables.append(
             f"""
 [[routes]]
@@ -231,81 +246,6 @@ class Chaos:
         return {"collection": self.partial.collection}
 
 
-def say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-class Timeline:
-    """A sample of the run every few seconds (load average, keys by status, outbox backlog,
-    client progress) for the report; every third one is printed."""
-
-    def __init__(
-        self, database_url: str, sender: Sender, workflows: Workflows, every: float = 5.0
-    ) -> None:
-        self.database_url = database_url
-        self.sender = sender
-        self.workflows = workflows
-        self.every = every
-        self.samples: list[dict[str, Any]] = []
-        self.max_load = 0.0
-        self._next = 0.0
-
-    def tick(self) -> None:
-        load = os.getloadavg()[0]
-        self.max_load = max(self.max_load, load)
-        now = self.sender.now()
-        if now < self._next:
-            return
-        self._next = now + self.every
-        sample: dict[str, Any] = {
-            "t": round(now, 1),
-            "load1": round(load, 2),
-            "answers": len(self.sender.answers),
-            "outstanding": self.sender.outstanding(),
-            "claims_calls": len(self.workflows.ledger.calls),
-            "claims_outstanding": self.workflows.outstanding(),
-        }
-        try:
-            sample.update(check.progress(self.database_url))
-        except Exception as error:
-            sample["database"] = type(error).__name__
-        self.samples.append(sample)
-        if len(self.samples) % 3 == 1:
-            say("progress " + " ".join(f"{k}={v}" for k, v in sample.items()))
-
-
-def _wait_quiescent(
-    database_url: str, crm: FakeCrm, timeout: float, timeline: Timeline, settle: float = 3.0
-) -> tuple[bool, dict[str, int], float]:
-    """Wait until every key is final, no outbox row is due and the CRM is idle, and stays so
-    for `settle` seconds (a late, stale write would show up in that time)."""
-    started = time.monotonic()
-    deadline = started + timeout
-    counts: dict[str, int] = {}
-    quiet_since: float | None = None
-    while time.monotonic() < deadline:
-        timeline.tick()
-        try:
-            counts = check.progress(database_url)
-        except Exception as error:
-            say(f"quiescence: database not readable yet ({type(error).__name__})")
-            time.sleep(1)
-            continue
-        idle = (
-            check.unfinished(counts) == 0
-            and counts["outbox_due"] == 0
-            and crm.snapshot()["inflight"] == 0
-        )
-        if idle:
-            quiet_since = quiet_since or time.monotonic()
-            if time.monotonic() - quiet_since >= settle:
-                return True, counts, time.monotonic() - started
-        else:
-            quiet_since = None
-        time.sleep(0.5)
-    return False, counts, time.monotonic() - started
-
-
 def _fmt(counter: dict[str, int] | Counter[str]) -> str:
     items = sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))
     return ", ".join(f"{k} {v}" for k, v in items) or "none"
@@ -342,15 +282,8 @@ def table(report: dict[str, Any]) -> str:
         report["ordered"],
         report["fan_out"],
     )
-    statuses = a["answers_by_status"]
-    two_xx = sum(n for code, n in statuses.items() if code.startswith("2"))
     rows = [
-        (
-            "sent",
-            f"{s['events']} events, {s['deliveries']} deliveries ({_fmt(s['by_kind'])}),"
-            f" {s['requests']} requests",
-        ),
-        ("delivered", f"{two_xx} answered 2xx; answers: {_fmt(statuses)}"),
+        *traffic_rows(report),
         (
             "duplicates blocked",
             f"{a['receiver_duplicates']} repeats answered by the receiver,"
@@ -449,6 +382,20 @@ def table(report: dict[str, Any]) -> str:
         f" {report['workers']} workers x {report['concurrency']}, {report['started_at']}"
     )
     return render(head, rows)
+
+
+def traffic_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """What was sent and how intake answered, in both single-host soaks' tables."""
+    sent, statuses = report["sent"], report["answers"]["answers_by_status"]
+    two_xx = sum(n for code, n in statuses.items() if code.startswith("2"))
+    return [
+        (
+            "sent",
+            f"{sent['events']} events, {sent['deliveries']} deliveries"
+            f" ({_fmt(sent['by_kind'])}), {sent['requests']} requests",
+        ),
+        ("delivered", f"{two_xx} answered 2xx; answers: {_fmt(statuses)}"),
+    ]
 
 
 def machine_and_sent(
@@ -550,25 +497,8 @@ def run(args: argparse.Namespace) -> int:
         broker_url = broker.start()
         upgrade(database_url)
         routes = write_routes(base / "routes.toml", crm.url, args.max_attempts)
-        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-        claims_token = secrets.token_urlsafe(32)
-        env.update(
-            CLAIMS_TOKEN=claims_token,
-            DATABASE_URL=database_url,
-            BROKER_URL=broker_url,
-            REDIS_URL=broker_url if args.broker == "redis" else "",
-            ROUTES_FILE=str(routes),
-            LOG_FORMAT="json",
-            LOG_LEVEL="INFO",
-            LEASE_SECONDS="5",
-            # A workflow's CRM call gives up after 1 s (connect 1 s); a write the CRM applies
-            # late lands within 2 s: no claim before then.
-            CLAIMS_IN_FLIGHT_SECONDS="3",
-            SWEEP_INTERVAL_SECONDS="0.5",
-            SWEEP_GRACE_SECONDS=str(args.sweep_grace),
-            RELAY_POLL_SECONDS="0.5",
-            PYTHONPATH=str(ROOT),
-        )
+        env = gateway_env(database_url, broker_url, args.broker, routes, args.sweep_grace)
+        claims_token = env["CLAIMS_TOKEN"]
         fleet = Fleet(env, log_dir, metrics_root)
         fleet.start_receiver()
         for _ in range(2):
@@ -608,31 +538,9 @@ def run(args: argparse.Namespace) -> int:
         chaos.thread.start()
 
         timeline = Timeline(database_url, sender, workflows)
-        while sender.now() < args.duration or not chaos.faults_done.is_set():
-            time.sleep(0.5)
-            timeline.tick()
-            if sender.now() > args.duration + 120:
-                break
-        # The faults are over; the supervisor keeps watching until the checks have their data.
-        drain_deadline = time.monotonic() + 90
-        while (sender.outstanding() or workflows.outstanding()) and (
-            time.monotonic() < drain_deadline
-        ):
-            time.sleep(0.5)
-            timeline.tick()
-        drained = sender.outstanding() == 0 and workflows.outstanding() == 0
-        last_request = sender.now()
-        quiet, counts, quiet_after = _wait_quiescent(
-            database_url, crm, args.quiesce_timeout, timeline
-        )
-        within_bound, counts_at_bound = quiet, counts
-        say(f"chaos: quiescent={quiet} after {quiet_after:.1f} s: {counts}")
-        if not quiet and args.observe_after > 0:
-            # The verdict is already "not quiescent in time"; keep watching, so the report
-            # says whether the gateway was stuck or only slow, and checks the final state.
-            quiet, counts, extra = _wait_quiescent(database_url, crm, args.observe_after, timeline)
-            quiet_after += extra
-            say(f"chaos: then quiescent={quiet} after {quiet_after:.1f} s: {counts}")
+        # Once the faults are over the supervisor keeps watching until the checks have their
+        # data.
+        settled = until_settled(args, sender, workflows, crm, timeline, chaos.faults_done)
         sender.stop()
         workflows.stop()
         crm_state = crm.snapshot()
@@ -646,24 +554,17 @@ def run(args: argparse.Namespace) -> int:
         counters = check.worker_counters(fleet.metrics_dirs())
         sweeps = check.sweeper_totals(sorted(log_dir.glob("sweeper-*.log")))
 
-        violations, facts = check.verify(
-            events, posted, sender.answers, sender.final, crm_state, db, chaos.outage
+        violations, facts = verify_traffic(
+            events,
+            sender,
+            workflows,
+            crm_state,
+            db,
+            views,
+            settled,
+            args.quiesce_timeout,
+            outage=chaos.outage,
         )
-        claims_facts = check.verify_claims(
-            events, claimed, workflows.ledger, crm_state, db, violations
-        )
-        ordered_facts = check.verify_ordered(events, crm_state, db, violations)
-        fan_out_facts = fan_out_check.verify_fan_out(events, crm_state, db, views, violations)
-        if not drained:
-            violations.add(
-                "clients_not_done",
-                f"{sender.outstanding()} event and {workflows.outstanding()} claims"
-                " deliveries unanswered",
-            )
-        if not within_bound:
-            violations.add(
-                "not_quiescent", f"after {args.quiesce_timeout:.0f} s: {counts_at_bound}"
-            )
         if args.strict_processes:
             for incident in chaos.incidents:
                 violations.add(
@@ -711,9 +612,6 @@ def run(args: argparse.Namespace) -> int:
             if not chaos.counts[kind]:
                 violations.add("fault_missing", f"no {kind} happened")
 
-        dead_kinds: Counter[str] = Counter(
-            kind for letters in db.dead_letters.values() for kind, _ in letters
-        )
         report = {
             "ok": violations.total == 0,
             "seed": seed,
@@ -724,33 +622,12 @@ def run(args: argparse.Namespace) -> int:
             "concurrency": args.concurrency,
             "started_at": started_at,
             "elapsed_seconds": round(time.monotonic() - t_start, 1),
-            "quiescence_seconds": round(quiet_after, 1) if quiet else None,
-            "quiescent_within_bound": within_bound,
-            "quiesce_timeout": args.quiesce_timeout,
-            "last_request_at": round(last_request, 1),
-            **machine_and_sent(timeline, len(events) - claims_facts["events"], posted, sender),
-            "claims": claims_facts,
-            "ordered": ordered_facts,
-            "fan_out": fan_out_facts,
+            **settled_facts(settled, args.quiesce_timeout),
+            **machine_and_sent(timeline, len(events) - facts["claims"]["events"], posted, sender),
+            **facts,
             "behaviours": dict(Counter(e.behaviour.kind for e in events)),
-            "answers": facts,
             "crm": crm_facts(crm_state),
-            "gateway": {
-                "statuses": dict(Counter(r["status"] for r in db.keys.values())),
-                "dead_letters_by_kind": dict(dead_kinds),
-                "leases_reclaimed": sum(r["reclaimed_count"] for r in db.keys.values()),
-                "blocked_deliveries": sum(r["blocked_deliveries"] for r in db.keys.values()),
-                "duplicate_count": sum(r["duplicate_count"] for r in db.keys.values()),
-                "retries_by_code": dict(counters["retries"]),
-                "attempts_by_outcome": dict(counters["attempts"]),
-                "reconciled": dict(counters["reconciled"]),
-                "reconciled_results": sum(
-                    1 for r in db.keys.values() if (r["result"] or {}).get("reconciled")
-                ),
-                "sweeper": dict(sweeps),
-                "outbox_rows": db.outbox_rows,
-                "outbox_unpublished": db.outbox_unpublished,
-            },
+            "gateway": gateway_facts(db, counters, sweeps),
             "faults": {
                 "kill_worker": chaos.counts["kill_worker"],
                 "kill_relay": chaos.counts["kill_relay"],
@@ -769,15 +646,8 @@ def run(args: argparse.Namespace) -> int:
         }
         keep_logs = keep_logs or violations.total > 0 or bool(chaos.incidents)
     except BaseException as error:
-        report = {
-            "ok": False,
-            "seed": seed,
-            "started_at": started_at,
-            "error": f"{type(error).__name__}: {error}",
-            "violations": {"total": 1, "by_check": {"soak_failed": 1}, "examples": {}},
-        }
+        report = failed_report(seed, started_at, error)
         keep_logs = True
-        traceback.print_exc()
     finally:
         if sender is not None:
             sender.stop()
@@ -787,78 +657,25 @@ def run(args: argparse.Namespace) -> int:
             chaos.stop.set()
         if fleet is not None:
             fleet.stop_all()
-        broker.stop()
-        postgres.cleanup()
-        crm.stop()
-        if keep_logs and log_dir.exists():
-            # Next to the report, so a test's logs stay in its own temporary directory.
-            name = f"chaos-logs-{seed}-{started_at.replace(':', '')}"
-            kept = Path(args.report).resolve().parent / name
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(log_dir, kept, dirs_exist_ok=True)
-            report["logs"] = str(kept)
-        shutil.rmtree(base, ignore_errors=True)
-
-    report_path = Path(args.report)
-    report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(json.dumps(report, indent=2, sort_keys=False, default=str) + "\n")
-    if "error" in report:
-        say(f"chaos: the soak could not run: {report['error']}")
-        say(f"chaos: report in {report_path}")
-        return 2
-    print(table(report))
-    for name, examples in report["violations"]["examples"].items():
-        print(f"  violation {name}:")
-        for example in examples:
-            print(f"    - {example}")
-    if report.get("logs"):
-        print(f"  logs kept in {report['logs']}")
-    print(f"  report: {report_path}")
-    return 0 if report["ok"] else 1
+        for stop in (broker.stop, postgres.cleanup, crm.stop):
+            stop()
+        leave(base, Path(args.report), f"chaos-logs-{seed}", report, keep_logs)
+    return publish(report, Path(args.report), table)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.soak", description=__doc__)
     parser.add_argument("--duration", type=float, default=300, help="seconds of traffic and faults")
     parser.add_argument("--events", type=int, default=5000, help="distinct events to send")
-    parser.add_argument("--seed", type=int, default=None, help="default: a random one (printed)")
-    parser.add_argument("--report", default=str(DEFAULT_REPORT), help="where the JSON report goes")
     parser.add_argument("--workers", type=int, default=3, help="worker processes (at least 2)")
-    parser.add_argument("--concurrency", type=int, default=2, help="pool processes per worker")
-    parser.add_argument("--max-attempts", type=int, default=30, help="the routes' attempt budget")
+    add_soak_options(parser, DEFAULT_REPORT)
     parser.add_argument(
         "--broker",
         choices=("redis", "rabbitmq"),
         default="redis",
         help="the broker of the soak's own: a Redis restarted empty, or a RabbitMQ node",
     )
-    parser.add_argument(
-        "--claims-share",
-        type=float,
-        default=plan.CLAIMS_SHARE,
-        help="share of the events handled by workflows through /v1/claims",
-    )
     parser.add_argument("--pg-down-seconds", type=float, default=5.0)
-    parser.add_argument(
-        "--sweep-grace",
-        type=float,
-        default=3.0,
-        help="SWEEP_GRACE_SECONDS of the sweeper (3: lost messages are re-sent quickly)",
-    )
-    parser.add_argument(
-        "--quiesce-timeout",
-        type=float,
-        default=120.0,
-        help="seconds after the last request by which every key must be finished",
-    )
-    parser.add_argument(
-        "--observe-after",
-        type=float,
-        default=300.0,
-        help="when that bound is missed (a violation), keep watching this long before the"
-        " final checks, to tell 'slow' from 'stuck' (0: check at once)",
-    )
-    parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     parser.add_argument(
         "--strict-processes",
         action="store_true",
@@ -869,10 +686,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 2:
         parser.error("--workers must be at least 2")
 
-    def interrupted(signum: int, _: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupted)
+    stop_on_signals(signal.SIGTERM)
     return run(args)
 
 

@@ -18,13 +18,16 @@ from tests.brokers import RabbitNode
 from tests.support import ROOT
 
 
-def _soak(tmp_path: Path, *options: str) -> dict[str, Any]:
-    """Run the soak as its own process with `options`; its report, after it exited 0."""
+def run_soak(
+    tmp_path: Path, *options: str, module: str = "tests.chaos.soak", timeout: float = 270
+) -> dict[str, Any]:
+    """Run the soak `module` as its own process with `options`; its report, after it exited
+    0 (`timeout`: seconds it may take)."""
     report_path = tmp_path / "chaos-report.json"
     command = [
         sys.executable,
         "-m",
-        "tests.chaos.soak",
+        module,
         *options,
         "--report",
         str(report_path),
@@ -36,7 +39,7 @@ def _soak(tmp_path: Path, *options: str) -> dict[str, Any]:
         command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        output, _ = process.communicate(timeout=270)
+        output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         # SIGTERM lets the soak stop every server and process it started.
         process.send_signal(signal.SIGTERM)
@@ -55,7 +58,7 @@ def test_chaos_soak_breaks_no_invariant(tmp_path: Path) -> None:
     completed, failed (effect unknown, effect none, final), abandoned and reclaimed, and the
     ordered route's contacts met stale versions (superseded) and each got its highest, and
     the fan-out route's events each got one effect per delivery, one of them refused."""
-    report = _soak(tmp_path, "--duration", "45", "--events", "450")
+    report = run_soak(tmp_path, "--duration", "45", "--events", "450")
     assert report["ok"] is True
     assert report["violations"]["total"] == 0, report["violations"]
 
@@ -128,7 +131,7 @@ def test_chaos_soak_on_rabbitmq_breaks_no_invariant(tmp_path: Path) -> None:
     one effect at most, and no process ended by itself."""
     if RabbitNode.script() is None:
         pytest.skip("no rabbitmq-server script to start a node of the soak's own")
-    report = _soak(tmp_path, "--broker", "rabbitmq", "--duration", "20", "--events", "200")
+    report = run_soak(tmp_path, "--broker", "rabbitmq", "--duration", "20", "--events", "200")
     assert report["ok"] is True and report["broker"] == "rabbitmq"
     assert report["violations"]["total"] == 0, report["violations"]
     faults = report["faults"]
