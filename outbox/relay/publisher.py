@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
+from kombu.common import maybe_declare
 
 from outbox.core import tracing
 from outbox.core.broker import broker_kind, publisher_transport_options, task_queue
@@ -242,15 +242,6 @@ class PublishRefused(Exception):
     """The broker refused some messages of a batch (nacked them); their rows stay due."""
 
 
-# The task queue is declared by a publisher's first batch, not on every new connection (as
-# kombu's maybe_declare would): after a cluster node is lost the relay connects to the next
-# one, and there a declaration of the quorum queue waits until the cluster has given up the
-# lost node (70 s measured on RabbitMQ 3.10 through a partition), while publishes go through
-# once the queue's leader has moved. A batch the broker returned or refused on the channel
-# (the queue deleted under the relay) makes the next batch declare it again.
-_declared: weakref.WeakSet[Celery] = weakref.WeakSet()
-
-
 def _publish_confirmed(app: Celery, built: list[_Message], sent: list[int]) -> None:
     """RabbitMQ: the batch published on a channel in confirm mode, then ONE wait for the
     broker's confirms of all of it (publisher confirms: an ack means the message is in the
@@ -269,10 +260,8 @@ def _publish_confirmed(app: Celery, built: list[_Message], sent: list[int]) -> N
     timeout = app.conf.broker_connection_timeout
     with app.pool.acquire(block=True) as connection:
         try:
-            _confirm_batch(app, connection, built, sent, timeout)
-        except BaseException as error:
-            if isinstance(error, connection.channel_errors):
-                _declared.discard(app)
+            _confirm_batch(connection, built, sent, timeout)
+        except BaseException:
             connection.collect()
             # A cluster named as a failover list (`amqp://a//;amqp://b//`): the next batch
             # tries the next node, as a worker's consumer does, instead of the one that failed
@@ -281,15 +270,12 @@ def _publish_confirmed(app: Celery, built: list[_Message], sent: list[int]) -> N
             raise
 
 
-def _confirm_batch(
-    app: Celery, connection: Any, built: list[_Message], sent: list[int], timeout: float
-) -> None:
+def _confirm_batch(connection: Any, built: list[_Message], sent: list[int], timeout: float) -> None:
     connection.ensure_connection(max_retries=0)
     channel = connection.channel()
-    if app not in _declared:
-        # Declared as the worker declares it. kombu's signatures carry no types.
-        task_queue("amqp")(channel).declare()  # type: ignore[no-untyped-call]
-        _declared.add(app)
+    # Declared once per connection (kombu remembers it), as the worker declares it. kombu's
+    # signatures carry no types.
+    maybe_declare(task_queue("amqp"), channel)  # type: ignore[no-untyped-call]
     confirms = Confirms()
     channel.events["basic_ack"].add(confirms.ack)
     channel.events["basic_nack"].add(confirms.nack)
