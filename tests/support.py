@@ -910,6 +910,25 @@ def envelope(
     }
 
 
+def pump(
+    source: socket.socket,
+    sink: socket.socket,
+    keep: Callable[[socket.socket], bool] = lambda _sock: False,
+) -> None:
+    """Copy what `source` sends to `sink` until either ends, then shut both down, but those
+    `keep` names: one direction of a forwarder."""
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for sock in (source, sink):
+            if not keep(sock):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
 class TcpProxy:
     """A TCP forwarder the test can cut and restore, to make a server unreachable without
     touching the server itself (other tests and people may be using it)."""
@@ -960,18 +979,11 @@ class TcpProxy:
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (source, sink):
-                with self._lock:
-                    held = sock in self._held
-                if not held:
-                    with contextlib.suppress(OSError):
-                        sock.shutdown(socket.SHUT_RDWR)
+        pump(source, sink, keep=self._is_held)
+
+    def _is_held(self, sock: socket.socket) -> bool:
+        with self._lock:
+            return sock in self._held
 
     def cut(self) -> None:
         """Refuse new connections and drop every open one."""

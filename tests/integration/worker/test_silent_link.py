@@ -23,7 +23,7 @@ from sqlalchemy.exc import OperationalError
 from outbox.core.settings import Settings
 from outbox.store.engines import create_sync_engine
 from tests.chaos import netns
-from tests.support import TcpProxy
+from tests.support import pump
 
 DB_TIMEOUT_SECONDS = 1.0
 # What the test waits for the statement at most: far above the bound (2 s here), far below
@@ -60,7 +60,7 @@ def _forward(network: netns.Network, database_port: int) -> socket.socket:
             upstream = socket.create_connection(("127.0.0.1", database_port), timeout=5)
             upstream.settimeout(None)
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=TcpProxy._pump, args=(a, b), daemon=True).start()
+                threading.Thread(target=pump, args=(a, b), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
     return listener
