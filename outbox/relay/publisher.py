@@ -13,8 +13,11 @@ from kombu.common import maybe_declare
 from outbox.core import tracing
 from outbox.core.broker import broker_kind, publisher_transport_options, task_queue
 from outbox.core.keys import mask_key
+from outbox.core.logs import get_logger
 from outbox.core.settings import Settings
 from outbox.core.wire import PROCESS_KEYS_TASK, PROCESS_TASK, TASK_QUEUE
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -261,12 +264,21 @@ def _publish_confirmed(app: Celery, built: list[_Message], sent: list[int]) -> N
     with app.pool.acquire(block=True) as connection:
         try:
             _confirm_batch(connection, built, sent, timeout)
-        except BaseException:
+        except BaseException as error:
+            failed_on = connection.host
             connection.collect()
             # A cluster named as a failover list (`amqp://a//;amqp://b//`): the next batch
             # tries the next node, as a worker's consumer does, instead of the one that failed
             # (a node lost would otherwise stop the relay until that very node came back).
             connection.maybe_switch_next()
+            # Which node failed and which is next (host and port: no credentials), so a stall
+            # across a cluster's nodes can be read from the log.
+            log.warning(
+                "relay.broker_node_failed",
+                node=failed_on,
+                next_node=connection.host,
+                error=type(error).__name__,
+            )
             raise
 
 
