@@ -124,6 +124,15 @@ def _sign_in(page: Page, stack: Stack, path: str = "/console") -> None:
     assert "/console/sign-in" not in page.url, page.content()
 
 
+def _wait_for_done(page: Page) -> None:
+    """The replay's result page. A confirm posts to the URL its page was loaded from, so the
+    URL cannot tell the result from the page before it: wait for the result's heading (a
+    click returns once the post is sent, and a busy machine answered after the check)."""
+    done = page.get_by_role("heading", name=re.compile(r"Replay \d+ done"))
+    done.wait_for(state="visible", timeout=30_000)
+    assert done.is_visible()
+
+
 def _no_engine() -> Any:
     raise AssertionError("a page without a session must not reach the database")
 
@@ -200,7 +209,7 @@ def test_replay_a_dead_letter_from_the_console(
 
     downstream.behaviour = None  # the route is fixed
     page.get_by_role("button", name="Confirm replay of 1 key").click()
-    assert page.get_by_role("heading", name=re.compile(r"Replay \d+ done")).is_visible()
+    _wait_for_done(page)
     _shot(page, "06-result")
 
     page.locator("ol.keys").get_by_role("link").first.click()
@@ -263,7 +272,7 @@ def test_a_stale_confirm_shows_the_fresh_report(
     assert query(stack.database_url, "SELECT count(*) FROM replays") == [(0,)]
 
     page.get_by_role("button", name="Confirm replay of 2 keys").click()
-    assert page.get_by_role("heading", name=re.compile(r"Replay \d+ done")).is_visible()
+    _wait_for_done(page)
     wait_until(lambda: {_key_status(stack, k) for k in (first, second)} == {"succeeded"})
     context.close()
 
