@@ -66,7 +66,8 @@ COUNT_EVERY_SECONDS = 1.0
 RELEASE_BATCH = 1000
 RATE_LIMITED = "rate_limited"
 # Keys an open circuit holds come back to look at it at about this rate per route, however
-# many wait: each is given back behind the last one waiting, this far apart. Waiting out the
+# many wait (up to an hour of line, HELD_WAIT_CAP_SECONDS): each is given back behind the last
+# one waiting, this far apart. Waiting out the
 # cool-down alone, a backlog of 100 000 keys behind a downstream that is down for hours came
 # back every cool-down (5 s when nothing was sent), a claim and a deferral each, without end.
 # The keys still come back at once when a trial closes the circuit, and a trial needs only one

@@ -83,6 +83,17 @@ def _cooldowns(stack: Stack) -> list[float]:
     ]
 
 
+def _start_with_nothing_listening(stack: Stack, routes: Path) -> Downstream:
+    """The stack started with its routes aimed at a port nothing listens on; the server that
+    will listen there, not yet started."""
+    later = Downstream(port=free_port())
+    _routes(routes, later.url)
+    stack.start_receiver()
+    stack.start_relay()
+    stack.start_worker(concurrency=4)
+    return later
+
+
 def _serve_and_see_each_once(stack: Stack, later: Downstream, keys: list[str]) -> None:
     """Start the server on the port nothing listened on: each key is applied exactly once, on
     its first attempt, and nothing is dead-lettered."""
@@ -109,12 +120,7 @@ def test_a_downstream_that_is_down_costs_no_attempt_and_each_event_acts_once_whe
     dead-lettered or spends an attempt, the circuit re-opens with its short cool-down only;
     when a server starts on the port each event is applied exactly once, on one attempt."""
     stack, routes = protected
-    port = free_port()
-    later = Downstream(port=port)
-    _routes(routes, later.url)
-    stack.start_receiver()
-    stack.start_relay()
-    stack.start_worker(concurrency=4)
+    later = _start_with_nothing_listening(stack, routes)
     keys = []
     for number in range(5):
         keys.append(post_event(stack, envelope(f"away-{number}", event_type="away.lead")))
@@ -176,12 +182,7 @@ def test_an_ordered_route_down_for_a_while_applies_its_lane_in_acceptance_order_
     dead-lettered, and once a server starts on the port they are applied once each, in the
     order they were accepted."""
     stack, routes = protected
-    port = free_port()
-    later = Downstream(port=port)
-    _routes(routes, later.url)
-    stack.start_receiver()
-    stack.start_relay()
-    stack.start_worker(concurrency=4)
+    later = _start_with_nothing_listening(stack, routes)
     keys = [
         post_event(
             stack,
@@ -281,12 +282,7 @@ def test_a_backlog_behind_a_downstream_that_is_down_looks_at_the_circuit_at_a_bo
     (each came back every 0.5 to 1 s before, thousands of returns). Once a server starts on the
     port each event is applied exactly once."""
     stack, routes = protected
-    port = free_port()
-    later = Downstream(port=port)
-    _routes(routes, later.url)
-    stack.start_receiver()
-    stack.start_relay()
-    stack.start_worker(concurrency=4)
+    later = _start_with_nothing_listening(stack, routes)
     keys = []
     with stack.client() as client:
         for number in range(BACKLOG):
