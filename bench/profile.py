@@ -7,6 +7,9 @@ worker: the Celery worker's pool processes while receiver + relay + worker run e
 relay: the relay, under the same load.
 `--fan-out N`: the events' route fans out to N noop destinations (section 10's shape), so each
 event is N deliveries; a worker's units are then deliveries.
+`--downstream-ms MS`: the route is section 8's `http` action against the fake downstream
+answering after MS milliseconds, and the worker runs with the default concurrency (the bench's
+shape), so the profile shows what a request in flight costs the worker.
 
 Writes a flame graph (SVG) and the raw collapsed stacks next to the JSON results, and prints
 the frames with the most samples: by their own time (the innermost frame of a sample) and
@@ -26,6 +29,7 @@ from pathlib import Path
 from bench.infra import DEFAULT_ADMIN_URL, noop_stack, scalar, worker_pool_default
 from bench.load import Result, Spec, generate
 from bench.procfs import children
+from bench.slow import HTTP_ROUTES
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RATE_HZ = 200
@@ -188,18 +192,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fan-out", type=int, default=0, help="fan each event out to N noop destinations"
     )
+    parser.add_argument(
+        "--downstream-ms",
+        type=float,
+        default=0.0,
+        help="act with http against the fake downstream answering after this many ms",
+    )
     args = parser.parse_args(argv)
     if args.summarize:
         print(summarize(args.summarize))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    with noop_stack(args.admin_url, "profile", fan_out_routes(args.fan_out)) as (procs, _):
+    routes = fan_out_routes(args.fan_out)
+    # Written once the downstream's port is known; the worker reads its routes as it starts.
+    routes = routes if not args.downstream_ms else "# the http route follows\n"
+    with noop_stack(args.admin_url, "profile", routes) as (procs, _):
+        if args.downstream_ms:
+            downstream = procs.start_downstream(args.downstream_ms / 1000) + "/tasks"
+            procs.ready()
+            procs.routes_file.write_text(HTTP_ROUTES.format(url=downstream), encoding="utf-8")
         url = procs.start_receiver()
         if args.target == "ceiling":
             url = procs.start_ceiling()
         if args.target in ("worker", "relay"):
             procs.start_relay()
-            procs.start_worker(concurrency=2)
+            procs.start_worker(concurrency=128 if args.downstream_ms else 2)
         procs.ready()
         generate(Spec(url=url, concurrency=args.concurrency, duration=3))
         pid = procs.pid(args.target)

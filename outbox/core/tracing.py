@@ -315,13 +315,14 @@ def set_resend_count(resends: int) -> None:
     _resend_count.set(resends)
 
 
-def instrument_httpx(client: httpx.Client) -> None:
-    """The HTTP instrumentation's client span on each request, `traceparent` injected."""
+def traced_transport(transport: httpx.BaseTransport) -> httpx.BaseTransport:
+    """The HTTP instrumentation's client span around each request the transport sends,
+    `traceparent` injected; the transport itself when tracing is off."""
     if _tracer is None:
-        return
-    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+        return transport
+    from opentelemetry.instrumentation.httpx import SyncOpenTelemetryTransport
 
-    HTTPXClientInstrumentor.instrument_client(client, request_hook=_request_hook)
+    return SyncOpenTelemetryTransport(transport, request_hook=_request_hook)
 
 
 def _request_hook(span: Span, request: Any) -> None:

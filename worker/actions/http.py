@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -37,101 +35,57 @@ from outbox.core import standard_webhooks, tracing
 from outbox.core.actions import ActionSettings
 from outbox.core.jsonbody import resolve_pointer
 from worker.actions import ActionContext, ActionResult
+from worker.actions.transport import KeepAlive
 from worker.errors import ActionError, RequestInvalid, TransientError, error_for_response
 
 # A stored result is returned to every later duplicate; large bodies are not worth keeping.
 MAX_STORED_BODY_BYTES = 65_536
 
-# A connection is closed with a reset, not a FIN: the kernel drops what it has not delivered.
-# A connection is closed only when idle (every answer read) or after a timeout or an error,
-# when the request is given up: an uncertain attempt. Closed gracefully, the kernel would go
-# on retransmitting such a request for minutes, and it could reach the downstream after the
-# next attempt's lookup had found nothing: a second effect (docs/explanation/reliability.md,
-# "Findings of the multi-host soak", 3).
-RESET_ON_CLOSE = (socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+# What httpx's client sent on every request, sent still (a route's own headers win).
+DEFAULT_HEADERS = {
+    "Accept": "*/*",
+    "Accept-Encoding": "gzip, deflate",
+    "Connection": "keep-alive",
+    "User-Agent": f"python-httpx/{httpx.__version__}",
+}
 
-# Threads share a client in groups of this many pools: httpx's pool looks at every one of its
-# connections, and for each idle one counts them all, whenever a request starts or ends, so
-# with a hundred requests in flight in one pool that bookkeeping cost more than the request
-# (docs/explanation/performance.md, "What keeps the worker's HTTP cheap"). Spread over the
-# pools, each holds a few.
-POOLS = 16
+_transport: tuple[int, httpx.BaseTransport] | None = None
+_transport_lock = threading.Lock()
 
 
-class _Pools:
-    """This process's clients, one per pool, each thread sending through one of them."""
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self._lock = threading.Lock()
-        self._clients: list[httpx.Client] = []
-        self._next = 0
-        self._mine = threading.local()
-
-    def client(self) -> httpx.Client:
-        mine: httpx.Client | None = getattr(self._mine, "client", None)
-        if mine is None:
-            with self._lock:
-                if len(self._clients) < POOLS:
-                    self._clients.append(_new_client())
-                mine = self._clients[self._next % len(self._clients)]
-                self._next += 1
-            self._mine.client = mine
-        return mine
-
-
-def _new_client() -> httpx.Client:
-    # No cap on connections: a worker's concurrency (WORKER_CONCURRENCY attempts in flight,
-    # worker/slots.py) is the cap, and a request must not wait in the client's queue past its
-    # timeouts.
-    transport = httpx.HTTPTransport(
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-        socket_options=[RESET_ON_CLOSE],
-    )
-    fresh = httpx.Client(follow_redirects=False, transport=transport)
-    # Tracing on: a client span per request, its `traceparent` sent downstream. Before the
-    # client is shared: a thread must never send through it uninstrumented.
-    tracing.instrument_httpx(fresh)
-    return fresh
-
-
-_pools: _Pools | None = None
-_pools_lock = threading.Lock()
+def transport() -> httpx.BaseTransport:
+    """The process's connections (`worker.actions.transport`), shared by its threads, wrapped
+    in the client span when tracing is on. Made anew in a forked child: connections must not
+    be shared between processes."""
+    global _transport
+    made = _transport
+    if made is None or made[0] != os.getpid():
+        with _transport_lock:  # threads asking at once share one
+            made = _transport
+            if made is None or made[0] != os.getpid():
+                made = _transport = (os.getpid(), tracing.traced_transport(KeepAlive()))
+    return made[1]
 
 
 def _forget_after_fork() -> None:
-    """A forked child starts with no pools, and a lock no thread of the parent may hold."""
-    global _pools, _pools_lock
-    _pools, _pools_lock = None, threading.Lock()
+    """A forked child starts with a lock no thread of the parent may hold."""
+    global _transport_lock
+    _transport_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
-
-
-def client() -> httpx.Client:
-    """The calling thread's client: one of the process's pools (`POOLS`), the same for the
-    thread's every request, so its connections are reused. Rebuilt after a fork: pools must
-    not be shared."""
-    global _pools
-    pools = _pools
-    if pools is None or pools.pid != os.getpid():
-        with _pools_lock:  # threads asking at once share one set
-            pools = _pools
-            if pools is None or pools.pid != os.getpid():
-                pools = _pools = _Pools()
-    return pools.client()
 
 
 def run(route: ActionSettings, ctx: ActionContext) -> ActionResult:
     assert route.url is not None  # the routes file was validated
     request = _build(
         route.method,
-        lambda: client().build_request(
+        lambda: httpx.Request(
             route.method,
             route.url or "",
             json=ctx.payload,
             headers=_headers(route, ctx),
-            timeout=_timeout(route),
+            extensions={"timeout": _timeout(route)},
         ),
     )
     tracing.set_resend_count(ctx.attempt - 1)
@@ -162,8 +116,8 @@ def reconcile(route: ActionSettings, ctx: ActionContext) -> ActionResult | None:
     )
     request = _build(
         "GET",
-        lambda: client().build_request(
-            "GET", url, headers=_headers(route, ctx), timeout=_timeout(route)
+        lambda: httpx.Request(
+            "GET", url, headers=_headers(route, ctx), extensions={"timeout": _timeout(route)}
         ),
     )
     response = _send(ctx, _signed(route, ctx, request), route.max_response_bytes)
@@ -196,13 +150,13 @@ def _send(ctx: ActionContext, request: httpx.Request, max_bytes: int) -> httpx.R
     connection is closed; a longer one comes back as a CutResponse."""
     if not ctx.lease_held():
         raise TransientError("lease_lost", "the lease was lost before the request was sent")
-    response = client().send(request, stream=True)
+    response = transport().handle_request(request)
     content = bytearray()
     try:
         for chunk in response.iter_bytes():
             content += chunk
             if len(content) > max_bytes:
-                # Held no longer than this frame; the pool drops (resets) a cut connection.
+                # Held no longer than this frame; a connection cut short is reset.
                 return CutResponse(
                     response.status_code,
                     headers=_plain(response.headers),
@@ -240,7 +194,12 @@ def _result(route: ActionSettings, response: httpx.Response, body: Any) -> dict[
 
 
 def _headers(route: ActionSettings, ctx: ActionContext) -> dict[str, str]:
-    return {**route.headers, "Idempotency-Key": ctx.key, "X-Correlation-ID": ctx.correlation_id}
+    """A plain dict: httpx encodes its values as ASCII when it builds the request, so a value
+    that is not ASCII fails there (`_build`), before anything is sent."""
+    own = {**route.headers, "Idempotency-Key": ctx.key, "X-Correlation-ID": ctx.correlation_id}
+    named = {name.lower() for name in own}
+    defaults = {name: v for name, v in DEFAULT_HEADERS.items() if name.lower() not in named}
+    return {**defaults, **own}
 
 
 def _signed(
@@ -265,8 +224,11 @@ def _error(route: ActionSettings, response: httpx.Response) -> ActionError | Non
     )
 
 
-def _timeout(route: ActionSettings) -> httpx.Timeout:
-    return httpx.Timeout(route.read_timeout_seconds, connect=route.connect_timeout_seconds)
+def _timeout(route: ActionSettings) -> dict[str, float | None]:
+    """httpx's timeouts as a transport reads them (writing and a pool wait: the read's)."""
+    return httpx.Timeout(
+        route.read_timeout_seconds, connect=route.connect_timeout_seconds
+    ).as_dict()
 
 
 def _build(method: str, build: Callable[[], httpx.Request]) -> httpx.Request:

@@ -90,8 +90,8 @@ def test_a_route_urls_query_credential_never_reaches_a_client_span() -> None:
     request answered in-process)."""
     code = (
         "import httpx; from outbox.core import tracing; tracing.setup('test'); "
-        "client = httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(204))); "
-        "tracing.instrument_httpx(client); "
+        "client = httpx.Client(transport=tracing.traced_transport("
+        "httpx.MockTransport(lambda r: httpx.Response(204)))); "
         "client.post('https://ops:pw-77@crm.example/v1/leads?api_key=key-SECRET-1&x=2'); "
         "tracing.shutdown()"
     )

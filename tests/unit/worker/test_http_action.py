@@ -78,8 +78,8 @@ def _recording_client(
         seen.append(request)
         return httpx.Response(status, json={"id": "task-1"})
 
-    recording = httpx.Client(transport=httpx.MockTransport(answer))
-    monkeypatch.setattr(http, "client", lambda: recording)
+    recording = httpx.MockTransport(answer)
+    monkeypatch.setattr(http, "transport", lambda: recording)
 
 
 def _crm_route(**settings: Any) -> Route:
@@ -242,3 +242,23 @@ def test_a_huge_answer_is_read_up_to_the_cap_and_judged_by_its_status(
     assert flood.done.wait(30)
     assert flood.sent < 64 * 1024 * 1024, flood.sent
     assert peak < 16 * 1024 * 1024, peak
+
+
+def test_a_routes_own_header_replaces_the_default_of_that_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The defaults every request carries (Accept, Accept-Encoding, User-Agent) give way to a
+    route's header of the same name in any case: it is sent once, with the route's value."""
+    seen: list[httpx.Request] = []
+    _recording_client(monkeypatch, seen, 200)
+    route = Route(
+        match="crm.*",
+        action="http",
+        url="http://crm.test/tasks",
+        headers={"user-agent": "crm-sync/1", "Authorization": "Bearer t"},
+    )
+    http.run(route, _context("c"))
+    sent = seen[0].headers
+    assert sent.get_list("User-Agent") == ["crm-sync/1"]
+    assert sent["Accept"] == "*/*" and sent["Accept-Encoding"] == "gzip, deflate"
+    assert sent["Authorization"] == "Bearer t" and sent["Host"] == "crm.test"
