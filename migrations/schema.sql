@@ -357,7 +357,9 @@ CREATE FUNCTION public.outbox_notify() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
         BEGIN
-            PERFORM pg_notify('outbox', '');
+            IF current_setting('idem.relay_wakeup', true) IS DISTINCT FROM 'after_commit' THEN
+                PERFORM pg_notify('outbox', '');
+            END IF;
             RETURN NULL;
         END
         $$;

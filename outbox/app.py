@@ -35,7 +35,7 @@ from outbox.core.problems import Problem, field_errors, json_response, problem_r
 from outbox.core.routes import RouteTable, load_routes
 from outbox.core.settings import Settings, get_settings
 from outbox.core.unexpected import UnexpectedErrors
-from outbox.ingest import admission
+from outbox.ingest import admission, wakeup
 from outbox.ingest.events import event_ingest, events_router
 from outbox.ingest.fastpath import Receiver, event_route
 from outbox.ingest.metrics import EventCounters
@@ -122,6 +122,7 @@ def create_app(settings: Settings | None = None, routes: RouteTable | None = Non
             yield
         finally:
             state["readiness"].close()
+            await wakeup.of(state["engine"]).settled()
             await state["engine"].dispose()
             state["sync_engine"].dispose()
             tracing.shutdown()

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox.core import fanout, tracing
 from outbox.core.wire import PROCESS_TASK
+from outbox.ingest import wakeup
 from outbox.ingest.fanout import Delivery
 from outbox.store import ingest as sql
 from outbox.store.driven import Driven, driven
@@ -119,6 +120,8 @@ async def accept(engine: AsyncEngine, event: NewEvent) -> Outcome:
         async with driven(engine) as conn:
             row = await conn.first(reserve, params)
             if row is not None and row["inserted"]:
+                if reserve is not sql.RESERVE_KEY_QUARANTINED:  # its outbox row is committed
+                    wakeup.of(engine).after_commit()
                 return Accepted(event.key, row["correlation_id"], row["created_at"], row["status"])
             if row is not None:
                 deliveries: tuple[dict[str, Any], ...] = ()

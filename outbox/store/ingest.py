@@ -27,6 +27,17 @@ _COUNT_A_REPEAT_OR_STORE_THE_EVENT = """ON CONFLICT (idempotency_key) DO UPDATE
           FROM reserved WHERE inserted
     )"""
 
+# In the accept statements' outbox INSERT, true for each row it writes, and in their answer,
+# true for the key's row (a repeat writes no outbox row): the trigger on `outbox` then sends no
+# NOTIFY for this transaction (migration 0020), since a NOTIFY holds a lock of the whole
+# database through the commit's flush and so made the receivers' commits, and their repeats,
+# go one at a time. The receiver wakes the relay itself once a new key's accept has committed
+# (`outbox.ingest.wakeup`). Set for this transaction only, so it holds through a transaction
+# pool too.
+_WAKES_THE_RELAY_AFTER_COMMIT = (
+    "set_config('idem.relay_wakeup', 'after_commit', true) = 'after_commit'"
+)
+
 RESERVE_KEY: TextClause = text(
     f"""
     -- Reserve the key, store the event and write its outbox row in ONE statement: either all
@@ -53,9 +64,10 @@ RESERVE_KEY: TextClause = text(
         )
         {_COUNT_A_REPEAT_OR_STORE_THE_EVENT}, queued AS (
         INSERT INTO outbox (idempotency_key, task_name, correlation_id)
-        SELECT idempotency_key, :task_name, correlation_id FROM reserved WHERE inserted
+        SELECT idempotency_key, :task_name, correlation_id FROM reserved
+         WHERE inserted AND {_WAKES_THE_RELAY_AFTER_COMMIT}
     )
-    SELECT * FROM reserved
+    SELECT * FROM reserved WHERE {_WAKES_THE_RELAY_AFTER_COMMIT}
     """
 )
 
@@ -96,8 +108,9 @@ RESERVE_FANNED_OUT: TextClause = text(
     ), queued AS (
         INSERT INTO outbox (idempotency_key, task_name, correlation_id)
         SELECT idempotency_key, :task_name, correlation_id FROM delivered
+         WHERE {_WAKES_THE_RELAY_AFTER_COMMIT}
     )
-    SELECT * FROM reserved
+    SELECT * FROM reserved WHERE {_WAKES_THE_RELAY_AFTER_COMMIT}
     """
 )
 

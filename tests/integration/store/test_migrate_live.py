@@ -68,12 +68,12 @@ def test_a_migration_waiting_for_a_lock_holds_no_reader_up(fresh_database: str) 
     needs it alone: a reader that queued behind the migration's request is served while that
     transaction still holds the table (the migration gave its place up; without a lock
     timeout the reader would wait for the holder and fail at its statement timeout), and once
-    the holder ends, the migration, tried again, reaches head."""
+    the holder ends, the migration, tried again, reaches 0019."""
     url = fresh_database
     upgrade(url, "0018")
     with _connect(url) as holder:
         holder.execute("LOCK TABLE attempts IN ROW EXCLUSIVE MODE")
-        with _migrating(url, "head") as raised:
+        with _migrating(url, "0019") as raised:
             try:
                 _until(_waits_for_lock(url, "attempts"), "the migration waits for attempts")
                 with _connect(url, autocommit=True) as reader:
