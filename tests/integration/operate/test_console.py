@@ -30,7 +30,7 @@ from tests.support import (
 )
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Page
+    from playwright.sync_api import Browser, Locator, Page
 
 ARTIFACTS = ROOT / "test-artifacts" / "console"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -116,11 +116,19 @@ def _key_status(stack: Stack, key: str) -> str:
     return str(rows[0][0])
 
 
+def _follow(page: Page, target: Locator) -> None:
+    """Click what leads to another page and wait until that page has loaded. A click returns
+    once the navigation has started; a read before the new page loaded reads the old page or
+    an empty document (`page.content()` returned '' on a busy machine)."""
+    with page.expect_navigation():
+        target.click()
+
+
 def _sign_in(page: Page, stack: Stack, path: str = "/console") -> None:
     page.goto(stack.url + path)
     assert "/console/sign-in" in page.url, page.url
     page.get_by_label("Operator token").fill(OPERATOR_TOKEN)
-    page.get_by_role("button", name="Sign in").click()
+    _follow(page, page.get_by_role("button", name="Sign in"))
     assert "/console/sign-in" not in page.url, page.content()
 
 
@@ -161,13 +169,13 @@ def test_replay_a_dead_letter_from_the_console(
     assert "/console/sign-in?next=%2Fconsole%2Fdead-letters" in page.url
     _shot(page, "01-sign-in")
     page.get_by_label("Operator token").fill("not-the-token")
-    page.get_by_role("button", name="Sign in").click()
+    _follow(page, page.get_by_role("button", name="Sign in"))
     assert "That token is not valid." in page.content()
     page.get_by_label("Operator token").fill(OPERATOR_TOKEN)
     page.keyboard.press("Enter")  # the keyboard is enough
     page.wait_for_url("**/console/dead-letters")
 
-    page.get_by_role("link", name="Overview").click()
+    _follow(page, page.get_by_role("link", name="Overview"))
     assert page.get_by_role("heading", name="Overview").is_visible()
     page.keyboard.press("Tab")  # the first stop is the skip link, with a visible focus ring
     focused = page.evaluate(
@@ -179,20 +187,23 @@ def test_replay_a_dead_letter_from_the_console(
     assert page.locator(".wide-only svg.chart polyline").count() == 3
     _shot(page, "02-overview")
 
-    page.get_by_role("navigation", name="Console").get_by_role("link", name="Dead letters").click()
+    _follow(
+        page,
+        page.get_by_role("navigation", name="Console").get_by_role("link", name="Dead letters"),
+    )
     page.get_by_label("Event type").fill("plain.*")
-    page.get_by_role("button", name="Filter").click()
+    _follow(page, page.get_by_role("button", name="Filter"))
     row = page.get_by_role("row").filter(has_text=f"Dead letter {dead_letter}")
     assert "http_422" in row.inner_text() and "open" in row.inner_text()
     _shot(page, "03-dead-letters")
 
     # Ticked rows make a replay filter of their keys.
     page.get_by_label(f"Select dead letter {dead_letter} for replay").check()
-    page.get_by_role("button", name="Dry-run replay of ticked rows").click()
+    _follow(page, page.get_by_role("button", name="Dry-run replay of ticked rows"))
     assert page.locator(".card.ok .big").inner_text() == "1"
     page.go_back()
 
-    page.get_by_role("link", name=f"Dead letter {dead_letter}", exact=True).click()
+    _follow(page, page.get_by_role("link", name=f"Dead letter {dead_letter}", exact=True))
     detail = page.content()
     assert "http_422" in detail
     assert "console-1@example.com" in detail  # the payload, pretty-printed
@@ -200,7 +211,7 @@ def test_replay_a_dead_letter_from_the_console(
     assert page.get_by_role("heading", name="History of this key's dead letters").is_visible()
     _shot(page, "04-detail")
 
-    page.get_by_role("button", name="Dry-run a replay of this key").click()
+    _follow(page, page.get_by_role("button", name="Dry-run a replay of this key"))
     assert page.get_by_role("heading", name="Replay: dry run").is_visible()
     assert page.locator(".card.ok .big").inner_text() == "1"
     assert "http 127.0.0.1" in page.content()  # counted by target
@@ -208,11 +219,11 @@ def test_replay_a_dead_letter_from_the_console(
     _shot(page, "05-dry-run")
 
     downstream.behaviour = None  # the route is fixed
-    page.get_by_role("button", name="Confirm replay of 1 key").click()
+    _follow(page, page.get_by_role("button", name="Confirm replay of 1 key"))
     _wait_for_done(page)
     _shot(page, "06-result")
 
-    page.locator("ol.keys").get_by_role("link").first.click()
+    _follow(page, page.locator("ol.keys").get_by_role("link").first)
     assert "/console/keys?key=" in page.url
 
     def succeeded() -> bool:
@@ -259,19 +270,19 @@ def test_a_stale_confirm_shows_the_fresh_report(
     assert page.get_by_label("failed final").is_checked()
     page.get_by_label("Event type").fill("plain.*")
     _shot(page, "10-replay-form")
-    page.get_by_role("button", name="Dry run").click()
+    _follow(page, page.get_by_role("button", name="Dry run"))
     assert page.locator(".card.ok .big").inner_text() == "1"
 
     second = _fail(stack, downstream, "stale-2")
     downstream.behaviour = None
-    page.get_by_role("button", name="Confirm replay of 1 key").click()
+    _follow(page, page.get_by_role("button", name="Confirm replay of 1 key"))
     assert "The set changed since the dry run; nothing was replayed." in page.content()
     assert page.locator(".card.ok .big").inner_text() == "2"
     _shot(page, "11-stale-report")
     assert {_key_status(stack, k) for k in (first, second)} == {"failed_final"}
     assert query(stack.database_url, "SELECT count(*) FROM replays") == [(0,)]
 
-    page.get_by_role("button", name="Confirm replay of 2 keys").click()
+    _follow(page, page.get_by_role("button", name="Confirm replay of 2 keys"))
     _wait_for_done(page)
     wait_until(lambda: {_key_status(stack, k) for k in (first, second)} == {"succeeded"})
     context.close()
@@ -365,10 +376,10 @@ def test_a_post_without_the_csrf_token_is_refused(
     browser_page = context.new_page()
     _sign_in(browser_page, stack, f"/console/dead-letters/{dead_letter}")
     browser_page.get_by_label("Reason for discarding").fill("test data from a form check")
-    browser_page.get_by_role("button", name="Discard this dead letter").click()
+    _follow(browser_page, browser_page.get_by_role("button", name="Discard this dead letter"))
     assert "The dead letter was discarded." in browser_page.content()
     assert "test data from a form check" in browser_page.content()
-    browser_page.get_by_role("button", name="Sign out").click()
+    _follow(browser_page, browser_page.get_by_role("button", name="Sign out"))
     assert "You are signed out." in browser_page.content()
     browser_page.goto(stack.url + "/console")
     assert "/console/sign-in" in browser_page.url
