@@ -16,7 +16,10 @@ What SQLAlchemy gave those statements is kept, so a caller sees no difference:
   and the server's DETAIL dropped (`engines.scrubbed`), and `connection_invalidated` set when
   the error shows the connection dead;
 - such a connection, or one left mid-statement by a cancelled step, is invalidated instead of
-  going back to the pool;
+  going back to the pool; a dead one also marks every connection the pool opened before it for
+  a fresh connect at its next checkout, as SQLAlchemy does on a disconnect: a restart or a
+  failover ends them all, and a pool that dropped only the one it found would hand out the
+  others, dead, to one request each;
 - on an engine outside autocommit each statement is committed by itself, as `begin()` did.
 """
 
@@ -32,6 +35,7 @@ from psycopg.rows import dict_row
 from sqlalchemy import Dialect, Engine, TextClause
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.util import greenlet_spawn
 
 from outbox.core.logs import get_logger
@@ -91,7 +95,7 @@ def _pooled(engine: Engine, statement: str) -> Iterator[psycopg.Connection[Any]]
     except psycopg.Error as error:
         dead = _dead(connection) or on_standby(error)
         if dead:
-            pooled.invalidate(error)
+            _invalidate_generation(engine, pooled, error)
         else:
             pooled.close()  # a refused statement (bad input): the connection is fine
         raise _as_sqlalchemy(engine.dialect, error, statement, dead) from error
@@ -139,7 +143,7 @@ async def driven(engine: AsyncEngine) -> AsyncIterator[Driven]:
     except psycopg.Error as error:
         dead = _dead(connection) or on_standby(error)
         if dead:
-            await greenlet_spawn(pooled.invalidate, error)
+            await greenlet_spawn(_invalidate_generation, engine.sync_engine, pooled, error)
         else:
             await greenlet_spawn(pooled.close)  # a refused statement: the connection is fine
         raise _as_sqlalchemy(dialect, error, step.statement, dead) from error
@@ -148,6 +152,13 @@ async def driven(engine: AsyncEngine) -> AsyncIterator[Driven]:
         await greenlet_spawn(pooled.invalidate)
         raise
     await greenlet_spawn(pooled.close)
+
+
+def _invalidate_generation(engine: Engine, pooled: PoolProxiedConnection, error: Exception) -> None:
+    """Invalidate `pooled` and every connection opened before it (SQLAlchemy's own step on a
+    disconnect, `Connection._handle_dbapi_exception`; those in use are replaced when they are
+    next checked out)."""
+    engine.pool._invalidate(pooled, error)
 
 
 def _dead(connection: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:

@@ -11,7 +11,7 @@ import threading
 import psycopg
 import pytest
 from sqlalchemy import make_url, text
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, OperationalError
 
 from outbox.core.settings import Settings
 from outbox.store.driven import driven, rows_once_more
@@ -116,3 +116,64 @@ def test_a_statement_chosen_as_a_deadlocks_victim_is_run_again(own_database: str
     assert outcome == [[{"done": 1}]]
     with psycopg.connect(libpq(own_database)) as check:
         assert check.execute("SELECT n FROM locks ORDER BY id").fetchall() == [(11,), (11,)]
+
+
+def _end_own_connections(database_url: str, pids: set[int]) -> None:
+    ended = query(
+        database_url,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE pid = ANY(%s)",
+        (list(pids),),
+    )
+    assert ended == [(len(pids),)]
+
+
+def test_a_restart_costs_the_worker_pool_one_reconnect_not_one_per_connection(
+    own_database: str,
+) -> None:
+    """Every pooled connection ended at once (a restart): the statement that finds one dead
+    is sent once more and succeeds, because the pool drops all of them then, not only the one
+    it found (with only that one dropped, the second try met the next dead connection)."""
+    engine = create_sync_engine(
+        _settings(own_database), pool_size=3, max_overflow=0, pre_ping=False, autocommit=True
+    )
+    try:
+        held = [engine.raw_connection() for _ in range(3)]
+        pids = {c.driver_connection.info.backend_pid for c in held}  # type: ignore[union-attr]
+        for connection in held:
+            connection.close()
+        _end_own_connections(own_database, pids)
+        (row,) = rows_once_more(engine, BACKEND, {})
+        assert row["pid"] not in pids
+        # The pool's other two are replaced as they are checked out, never handed out dead.
+        again = [engine.raw_connection() for _ in range(3)]
+        assert {c.driver_connection.info.backend_pid for c in again}.isdisjoint(pids)  # type: ignore[union-attr]
+        for connection in again:
+            connection.close()
+    finally:
+        engine.dispose()
+
+
+def test_a_restart_costs_the_receiver_pool_one_request_not_one_per_connection(
+    own_database: str,
+) -> None:
+    """The receiver's pool the same way: the one step that finds a connection dead fails (a
+    503 to its caller, nothing stored); every step after it gets a live connection."""
+
+    async def scenario() -> None:
+        engine = create_receiver_engine(_settings(own_database))
+        try:
+            async with driven(engine) as one, driven(engine) as other:  # both in the pool
+                pids = {(await c.first(BACKEND, {}) or {})["pid"] for c in (one, other)}
+            _end_own_connections(own_database, pids)
+            with pytest.raises(OperationalError) as found:
+                async with driven(engine) as conn:
+                    await conn.first(BACKEND, {})
+            assert found.value.connection_invalidated
+            for _ in range(4):
+                async with driven(engine) as conn:
+                    row = await conn.first(BACKEND, {})
+                assert row is not None and row["pid"] not in pids
+        finally:
+            await engine.dispose()
+
+    asyncio.run(scenario())

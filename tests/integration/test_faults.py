@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -118,26 +119,49 @@ def test_two_relays_publish_each_row_once(
     assert query(db, "SELECT max(publish_attempts), min(publish_attempts) FROM outbox") == [(1, 1)]
 
 
+def _receiver_connections(database_url: str) -> int:
+    return int(
+        query(
+            database_url,
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = 'idem-receiver' AND datname = current_database()",
+        )[0][0]
+    )
+
+
+def _posted(stack: Stack, name: str) -> int:
+    with stack.client() as client:
+        return client.post("/v1/events", json=envelope(name)).status_code
+
+
 def test_a_receiver_connection_the_server_ended_is_dropped_from_the_pool(
     own_database: str, redis_url: str, routes_file: Path, tmp_path: Path
 ) -> None:
-    """A pooled connection the server ended under an idle receiver (a restart, an idle cut)
-    costs at most the one request that finds it dead, a 503 that stored nothing. It is
-    dropped from the pool, not handed out again: every request after it is accepted."""
+    """The connections the server ended under an idle receiver (a restart, an idle cut) cost
+    at most the one request that finds one dead, a 503 that stored nothing, however many the
+    pool held: the pool drops them all then, not one per request."""
     stack = Stack(own_database, redis_url, routes_file, tmp_path)
     stack.start_receiver()
     accepted = []
     try:
         with stack.client() as client:
             for cut in range(3):
-                assert client.post("/v1/events", json=envelope(f"before-{cut}")).status_code == 202
-                accepted.append(f"before-{cut}")
+                # Requests at once until the pool holds several connections to be ended.
+                for burst in range(20):
+                    with ThreadPoolExecutor(8) as pool:
+                        names = [f"before-{cut}-{burst}-{n}" for n in range(16)]
+                        codes = list(pool.map(lambda name: _posted(stack, name), names))
+                    assert codes == [202] * len(names)
+                    accepted.extend(names)
+                    if _receiver_connections(own_database) >= 2:
+                        break
+                assert _receiver_connections(own_database) >= 2
                 ended = query(
                     own_database,
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                     "WHERE application_name = 'idem-receiver' AND datname = current_database()",
                 )
-                assert ended[0][0] >= 1
+                assert ended[0][0] >= 2
                 first = client.post("/v1/events", json=envelope(f"found-dead-{cut}"))
                 assert first.status_code in (202, 503), first.text
                 if first.status_code == 202:
