@@ -52,7 +52,11 @@ def claim_together(
     store: KeyStore, keys: Sequence[str], owner: str, lease_seconds: float
 ) -> Siblings:
     """Claim `keys` in one statement, each as `KeyStore.claim` would take or refuse it alone
-    (a refused key's reason is read and counted as for one key)."""
+    (a refused key's reason is read and counted as for one key). A part of one key (what a
+    backlog gives: a slot comes free at a time) is claimed as a single key's message is, its
+    statement shared with other messages' claims (`worker.grouped`)."""
+    if len(keys) == 1:
+        return Siblings(store, {keys[0]: store.claim(keys[0], owner, lease_seconds)})
     return Siblings(store, claim_keys(store, [(key, owner) for key in keys], lease_seconds))
 
 
@@ -87,10 +91,12 @@ class Siblings(KeyStore):
     """The store as the attempts of one message see it: `claim` hands out the key's share of
     the shared claim, `succeed` joins the shared write; every other step is the store's own.
     Each attempt calls `finished(key)` when it ends, so that no success waits for a sibling
-    that will never record one."""
+    that will never record one. A claim or a success its siblings do not share goes through
+    the process's store, where it may share a statement with other messages' attempts."""
 
     def __init__(self, store: KeyStore, claims: Mapping[str, Claim | Blocked]) -> None:
         super().__init__(store.engine, store.in_flight)
+        self._store = store
         self._claims = dict(claims)
         self._cond = threading.Condition()
         # Claimed keys whose attempt has neither recorded a success nor ended.
@@ -102,7 +108,7 @@ class Siblings(KeyStore):
 
     def claim(self, key: str, owner: str, lease_seconds: float) -> Claim | Blocked:
         taken = self._claims.pop(key, None)
-        return super().claim(key, owner, lease_seconds) if taken is None else taken
+        return self._store.claim(key, owner, lease_seconds) if taken is None else taken
 
     def finished(self, key: str) -> None:
         with self._cond:
@@ -126,7 +132,7 @@ class Siblings(KeyStore):
         with self._cond:
             recorded = self._written.pop(key)
         if recorded is None:
-            return super().succeed(claim, result, external_ref, reconciled)
+            return self._store.succeed(claim, result, external_ref, reconciled)
         return recorded
 
     def _wait_or_take(self, key: str, deadline: float) -> dict[str, dict[str, Any]]:

@@ -23,6 +23,7 @@ from outbox.core.settings import Settings
 from tests.support import libpq, query, refuse_shared_successes, seed_pending_key, wait_until
 from worker.app import Runtime
 from worker.grouped import Combiner, GroupedStore
+from worker.siblings import claim_together
 from worker.store import Blocked, Claim, KeyStore
 
 LEASE = 30.0
@@ -255,3 +256,45 @@ def test_a_worker_process_claims_and_records_through_the_grouped_store(own_datab
         assert query(own_database, "SELECT status FROM idempotency_keys") == [("succeeded",)]
     finally:
         store.engine.dispose()
+
+
+def test_one_key_parts_of_messages_share_the_process_statements(
+    own_database: str, worker_engine: Engine, statements: Counter[str]
+) -> None:
+    """Under a backlog a message's keys start one at a time, as slots free: each such part is
+    claimed, and its success written, through the process's statements, so parts of several
+    messages arriving behind one in flight share the next (not one statement per key)."""
+    db = own_database
+    store = GroupedStore(worker_engine, LEASE)
+    first = seed_pending_key(db, "first")
+    keys = [seed_pending_key(db, f"part-{n}") for n in range(3)]
+
+    with row_locked(db, first):
+        head, _ = in_threads([lambda: store.claim(first, "w-head", LEASE)])
+        wait_until(lambda: lock_waits(db) == 1, timeout=20, interval=0.01)
+        calls = [partial(claim_together, store, [k], f"w-{n}", LEASE) for n, k in enumerate(keys)]
+        behind, parts = in_threads(calls)
+        wait_until(lambda: store._claims.waiting() == 3, timeout=20, interval=0.01)
+    joined(head + behind)
+    assert sent(statements, CLAIM_ONE) == 1 and sent(statements, CLAIM_MANY) == 1
+    pairs = list(zip(parts, keys, strict=True))
+    claims = [part.claim(k, f"w-{n}", LEASE) for n, (part, k) in enumerate(pairs)]
+    assert all(isinstance(c, Claim) for c in claims)
+
+    head_claim = store.claim(seed_pending_key(db, "second"), "w-head", LEASE)
+    assert isinstance(head_claim, Claim)
+    with row_locked(db, head_claim.key):
+        head, _ = in_threads([lambda: store.succeed(head_claim, {"n": 0}, None)])
+        wait_until(lambda: lock_waits(db) == 1, timeout=20, interval=0.01)
+        done = zip(parts, claims, strict=True)
+        calls = [partial(part.succeed, c, {"n": 1}, None) for part, c in done]
+        behind, answers = in_threads(calls)
+        wait_until(lambda: store._successes.waiting() == 3, timeout=20, interval=0.01)
+    joined(head + behind)
+    assert answers == [True, True, True]
+    assert sent(statements, SUCCEED_ONE) == 1 and sent(statements, SUCCEED_MANY) == 1
+    assert query(
+        db,
+        "SELECT count(*) FROM idempotency_keys WHERE idempotency_key LIKE '%part-%'"
+        " AND status = 'succeeded' AND fence = 1",
+    ) == [(3,)]
