@@ -67,10 +67,13 @@ def plan_net_faults(seed: int, duration: float, lease_seconds: float) -> list[Ne
     rounds = max(1, round(window / ROUND_SECONDS))
     length = window / rounds
     # A short run's spells shrink with its window, never below what makes each one matter: a
-    # worker's PostgreSQL cut outlives a lease by two more (one more in a short run), time for
-    # the sweeper to re-drive the expired lease and another worker to take it over.
+    # worker's PostgreSQL cut outlives a lease by two more, time for the sweeper to re-drive
+    # the expired lease (after SWEEP_GRACE_SECONDS) and another worker to take it over before
+    # the cut holder's own write can land. Two more, not one, in a short run too: with one the
+    # takeover had a second or two to spare, and on a loaded machine it came after the heal,
+    # when the holder's own write had landed.
     scale = min(1.0, length / ROUND_SECONDS)
-    lease_cut = (3 if scale == 1.0 else 2) * lease_seconds
+    lease_cut = 3 * lease_seconds
 
     def seconds(base: float, floor: float = 5.0) -> float:
         return round(max(floor, base * scale), 1)

@@ -1,5 +1,5 @@
 """The multi-host chaos soak (`make chaos-net`), CI-sized: the gateway on nine network
-namespaces, a worker cut from PostgreSQL for two leases while one of its requests is at the
+namespaces, a worker cut from PostgreSQL for three leases while one of its requests is at the
 CRM, a receiver cut from PostgreSQL, the relay and a worker cut from Redis, a slow and lossy
 database link, must break no invariant. It needs root and working `ip netns`, iptables and
 NFQUEUE; anywhere else it is skipped, with the reason."""
