@@ -620,6 +620,8 @@ name = "odd-crash"
 action = "python"
 function = "tests.actions:effect_then_exit"
 max_attempts = 2
+# Bounds the in-flight window a takeover waits out after the lease (the action exits at once).
+timeout_seconds = 2
 
 [[routes]]
 match = "odd.hang"
