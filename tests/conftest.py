@@ -37,6 +37,7 @@ from outbox.store.migrate import upgrade
 from tests.brokers import purge, rabbitmq_unreachable, rabbitmq_vhost
 from tests.pooler import POOLER, pgbouncer
 from tests.support import Downstream, Stack, libpq, write_routes
+from worker.actions import http
 
 BROKERS = ("redis", "rabbitmq")
 DEFAULT_BROKER = os.environ.get("TEST_BROKER", "redis")
@@ -235,6 +236,17 @@ def broker(redis_url: str) -> Iterator[redis.Redis[Any]]:
     client.flushdb()
     yield client
     client.close()
+
+
+@pytest.fixture(autouse=True)
+def fresh_transport(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test that runs the `http` action in the test process does it over connections of
+    its own, closed after it: a kept-alive connection would otherwise outlive the test's
+    server (or hold a thread of the session's downstream) and end as an unclosed socket."""
+    monkeypatch.setattr(http, "_transport", None)
+    yield
+    if http._transport is not None:
+        http._transport[1].close()
 
 
 @pytest.fixture(scope="session")

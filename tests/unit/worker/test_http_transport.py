@@ -80,15 +80,6 @@ def server() -> Iterator[_Server]:
     running.server_close()
 
 
-@pytest.fixture(autouse=True)
-def fresh_transport(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test with connections of its own, closed after it."""
-    monkeypatch.setattr(http, "_transport", None)
-    yield
-    if http._transport is not None:
-        http._transport[1].close()
-
-
 def _route(url: str, **settings: Any) -> Route:
     return Route(match="crm.*", action="http", url=url, external_ref_pointer="/id", **settings)
 
