@@ -355,6 +355,14 @@ class _Listening(ThreadingHTTPServer):
 
     request_queue_size = 128
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that reset its kept-alive connection ended it (the `http` action closes
+        its connections with a reset): nothing to report. Anything else is printed, as
+        socketserver does."""
+        if isinstance(sys.exc_info()[1], ConnectionResetError):
+            return
+        super().handle_error(request, client_address)
+
 
 @dataclass
 class Downstream:
