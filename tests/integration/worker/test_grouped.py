@@ -76,6 +76,25 @@ def joined(threads: list[threading.Thread]) -> None:
         assert not thread.is_alive()
 
 
+def behind_one_in_flight(
+    database_url: str,
+    locked: str,
+    lead: Callable[[], Any],
+    calls: Sequence[Callable[[], Any]],
+    combiner: Combiner[Any, Any],
+) -> tuple[Any, list[Any]]:
+    """Run `lead`, whose statement waits on `locked`'s row lock, then `calls`, which queue
+    behind it on `combiner`; once all are queued, let the lock go and wait for every one.
+    Returns the lead's answer and the calls' answers."""
+    with row_locked(database_url, locked):
+        head, head_answer = in_threads([lead])
+        wait_until(lambda: lock_waits(database_url) == 1, timeout=20, interval=0.01)
+        behind, answers = in_threads(calls)
+        wait_until(lambda: combiner.waiting() == len(calls), timeout=20, interval=0.01)
+    joined(head + behind)
+    return head_answer[0], answers
+
+
 def test_claims_arriving_behind_one_in_flight_share_the_next_statement(
     own_database: str, worker_engine: Engine, statements: Counter[str]
 ) -> None:
@@ -86,15 +105,12 @@ def test_claims_arriving_behind_one_in_flight_share_the_next_statement(
     first = seed_pending_key(db, "first")
     keys = [seed_pending_key(db, f"behind-{n}") for n in range(3)]
 
-    with row_locked(db, first):
-        head, head_answer = in_threads([lambda: store.claim(first, "w-head", LEASE)])
-        wait_until(lambda: lock_waits(db) == 1, timeout=20, interval=0.01)
-        calls = [partial(store.claim, k, f"w-{n}", LEASE) for n, k in enumerate(keys)]
-        behind, answers = in_threads(calls)
-        wait_until(lambda: store._claims.waiting() == 3, timeout=20, interval=0.01)
-    joined(head + behind)
+    calls = [partial(store.claim, k, f"w-{n}", LEASE) for n, k in enumerate(keys)]
+    head_answer, answers = behind_one_in_flight(
+        db, first, lambda: store.claim(first, "w-head", LEASE), calls, store._claims
+    )
 
-    assert isinstance(head_answer[0], Claim)
+    assert isinstance(head_answer, Claim)
     assert all(isinstance(a, Claim) for a in answers)
     assert len({a.token for a in answers}) == 3
     assert [a.owner for a in answers] == ["w-0", "w-1", "w-2"]
@@ -116,18 +132,17 @@ def test_a_key_delivered_twice_into_one_batch_is_claimed_once(
     first = seed_pending_key(db, "first")
     twice, other = seed_pending_key(db, "twice"), seed_pending_key(db, "other")
 
-    with row_locked(db, first):
-        head, _ = in_threads([lambda: store.claim(first, "w-head", LEASE)])
-        wait_until(lambda: lock_waits(db) == 1, timeout=20, interval=0.01)
-        behind, answers = in_threads(
-            [
-                lambda: store.claim(twice, "w-a", LEASE),
-                lambda: store.claim(twice, "w-b", LEASE),
-                lambda: store.claim(other, "w-c", LEASE),
-            ]
-        )
-        wait_until(lambda: store._claims.waiting() == 3, timeout=20, interval=0.01)
-    joined(head + behind)
+    _, answers = behind_one_in_flight(
+        db,
+        first,
+        lambda: store.claim(first, "w-head", LEASE),
+        [
+            lambda: store.claim(twice, "w-a", LEASE),
+            lambda: store.claim(twice, "w-b", LEASE),
+            lambda: store.claim(other, "w-c", LEASE),
+        ],
+        store._claims,
+    )
 
     held = [a for a in answers[:2] if isinstance(a, Claim)]
     refused = [a for a in answers[:2] if isinstance(a, Blocked)]
@@ -165,20 +180,19 @@ def test_successes_behind_one_in_flight_are_one_write_each_under_its_own_fence(
     assert isinstance(head_claim, Claim) and isinstance(other_claim, Claim)
     assert fresh.fence == stale.fence + 1
 
-    with row_locked(db, first):
-        head, head_answer = in_threads([lambda: store.succeed(head_claim, {"n": 0}, None)])
-        wait_until(lambda: lock_waits(db) == 1, timeout=20, interval=0.01)
-        behind, answers = in_threads(
-            [
-                lambda: store.succeed(stale, {"by": "stale"}, "stale"),
-                lambda: store.succeed(fresh, {"by": "fresh"}, "fresh"),
-                lambda: store.succeed(other_claim, {"by": "other"}, "other"),
-            ]
-        )
-        wait_until(lambda: store._successes.waiting() == 3, timeout=20, interval=0.01)
-    joined(head + behind)
+    head_answer, answers = behind_one_in_flight(
+        db,
+        first,
+        lambda: store.succeed(head_claim, {"n": 0}, None),
+        [
+            lambda: store.succeed(stale, {"by": "stale"}, "stale"),
+            lambda: store.succeed(fresh, {"by": "fresh"}, "fresh"),
+            lambda: store.succeed(other_claim, {"by": "other"}, "other"),
+        ],
+        store._successes,
+    )
 
-    assert head_answer == [True]
+    assert head_answer is True
     assert answers == [False, True, True]
     assert sent(statements, SUCCEED_ONE) == 2 and sent(statements, SUCCEED_MANY) == 1
     assert query(
@@ -207,14 +221,13 @@ def test_a_shared_write_that_fails_is_sent_again_by_each_attempt_alone(
     assert len(claims) == 4
     refuse_shared_successes(db)
 
-    with row_locked(db, keys[0]):
-        head, _ = in_threads([lambda: store.succeed(claims[0], {"n": 0}, None)])
-        wait_until(lambda: lock_waits(db) == 1, timeout=20, interval=0.01)
-        behind, answers = in_threads(
-            [partial(store.succeed, c, {"n": 1}, None) for c in claims[1:]]
-        )
-        wait_until(lambda: store._successes.waiting() == 3, timeout=20, interval=0.01)
-    joined(head + behind)
+    _, answers = behind_one_in_flight(
+        db,
+        keys[0],
+        lambda: store.succeed(claims[0], {"n": 0}, None),
+        [partial(store.succeed, c, {"n": 1}, None) for c in claims[1:]],
+        store._successes,
+    )
 
     assert answers == [True, True, True]
     assert sent(statements, SUCCEED_MANY) == 1 and sent(statements, SUCCEED_ONE) == 4
@@ -269,13 +282,10 @@ def test_one_key_parts_of_messages_share_the_process_statements(
     first = seed_pending_key(db, "first")
     keys = [seed_pending_key(db, f"part-{n}") for n in range(3)]
 
-    with row_locked(db, first):
-        head, _ = in_threads([lambda: store.claim(first, "w-head", LEASE)])
-        wait_until(lambda: lock_waits(db) == 1, timeout=20, interval=0.01)
-        calls = [partial(claim_together, store, [k], f"w-{n}", LEASE) for n, k in enumerate(keys)]
-        behind, parts = in_threads(calls)
-        wait_until(lambda: store._claims.waiting() == 3, timeout=20, interval=0.01)
-    joined(head + behind)
+    calls = [partial(claim_together, store, [k], f"w-{n}", LEASE) for n, k in enumerate(keys)]
+    _, parts = behind_one_in_flight(
+        db, first, lambda: store.claim(first, "w-head", LEASE), calls, store._claims
+    )
     assert sent(statements, CLAIM_ONE) == 1 and sent(statements, CLAIM_MANY) == 1
     pairs = list(zip(parts, keys, strict=True))
     claims = [part.claim(k, f"w-{n}", LEASE) for n, (part, k) in enumerate(pairs)]
@@ -283,14 +293,14 @@ def test_one_key_parts_of_messages_share_the_process_statements(
 
     head_claim = store.claim(seed_pending_key(db, "second"), "w-head", LEASE)
     assert isinstance(head_claim, Claim)
-    with row_locked(db, head_claim.key):
-        head, _ = in_threads([lambda: store.succeed(head_claim, {"n": 0}, None)])
-        wait_until(lambda: lock_waits(db) == 1, timeout=20, interval=0.01)
-        done = zip(parts, claims, strict=True)
-        calls = [partial(part.succeed, c, {"n": 1}, None) for part, c in done]
-        behind, answers = in_threads(calls)
-        wait_until(lambda: store._successes.waiting() == 3, timeout=20, interval=0.01)
-    joined(head + behind)
+    done = zip(parts, claims, strict=True)
+    _, answers = behind_one_in_flight(
+        db,
+        head_claim.key,
+        lambda: store.succeed(head_claim, {"n": 0}, None),
+        [partial(part.succeed, c, {"n": 1}, None) for part, c in done],
+        store._successes,
+    )
     assert answers == [True, True, True]
     assert sent(statements, SUCCEED_ONE) == 1 and sent(statements, SUCCEED_MANY) == 1
     assert query(
