@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from outbox.core.settings import Settings
@@ -96,7 +97,7 @@ def test_a_holder_frozen_across_a_switchover_is_refused_by_the_fence(
             holder.send_signal(signal.SIGSTOP)
             old = patroni.switchover()
             deadline = time.monotonic() + 60
-            while patroni.leader() in (None, old):
+            while patroni.leader() in (None, old) or not _writable(url):
                 assert time.monotonic() < deadline, patroni.members()
                 time.sleep(0.2)
             # The frozen holder's lease, read on the new primary, runs out.
@@ -116,6 +117,16 @@ def test_a_holder_frozen_across_a_switchover_is_refused_by_the_fence(
     # The node the frozen holder first wrote to is a standby now.
     roles = {m["name"]: m["role"] for m in patroni.members()}
     assert roles[old] != "leader"
+
+
+def _writable(url: str) -> bool:
+    """A read-write session opens: Patroni names the new leader before its promotion has
+    ended, and meanwhile every node refuses one ("session is read-only", or restarting)."""
+    try:
+        query(url, "SELECT 1")
+    except psycopg.OperationalError:
+        return False
+    return True
 
 
 def _claim_and_succeed(url: str, key: str, fence: int) -> None:
