@@ -7,6 +7,9 @@ worker: the Celery worker's pool processes while receiver + relay + worker run e
 relay: the relay, under the same load.
 `--fan-out N`: the events' route fans out to N noop destinations (section 10's shape), so each
 event is N deliveries; a worker's units are then deliveries.
+`--lanes N`: the events are updates of N contacts through a route with `order_by` and
+`versions = "supersede"` (section 9's shape); a worker's units are then events finished
+(`succeeded` or `superseded`).
 `--downstream-ms MS`: the route is section 8's `http` action against the fake downstream
 answering after MS milliseconds, and the worker runs with the default concurrency (the bench's
 shape), so the profile shows what a request in flight costs the worker.
@@ -165,7 +168,23 @@ def summarize(raw: Path, top: int = 15, units: int = 0, rate_hz: int = RATE_HZ) 
 
 
 def succeeded(url: str) -> int:
-    return int(scalar(url, "SELECT count(*) FROM idempotency_keys WHERE status = 'succeeded'"))
+    """Keys finished: succeeded, or (ordered traffic) superseded by a newer version."""
+    return int(
+        scalar(
+            url,
+            "SELECT count(*) FROM idempotency_keys WHERE status IN ('succeeded', 'superseded')",
+        )
+    )
+
+
+# Section 9's ordered route, for every event (`--lanes`).
+ORDERED_ROUTES = """[[routes]]
+match = "*"
+name = "ordered"
+action = "noop"
+order_by = "/contact/id"
+versions = "supersede"
+"""
 
 
 def fan_out_routes(destinations: int) -> str | None:
@@ -193,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         "--fan-out", type=int, default=0, help="fan each event out to N noop destinations"
     )
     parser.add_argument(
+        "--lanes", type=int, default=0, help="updates of N contacts through an ordered route"
+    )
+    parser.add_argument(
         "--downstream-ms",
         type=float,
         default=0.0,
@@ -203,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         print(summarize(args.summarize))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    routes = fan_out_routes(args.fan_out)
+    routes = ORDERED_ROUTES if args.lanes else fan_out_routes(args.fan_out)
+    mode = "lanes" if args.lanes else "events"
     # Written once the downstream's port is known; the worker reads its routes as it starts.
     routes = routes if not args.downstream_ms else "# the http route follows\n"
     with noop_stack(args.admin_url, "profile", routes) as (procs, _):
@@ -218,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
             procs.start_relay()
             procs.start_worker(concurrency=128 if args.downstream_ms else 2)
         procs.ready()
-        generate(Spec(url=url, concurrency=args.concurrency, duration=3))
+        generate(
+            Spec(url=url, mode=mode, lanes=args.lanes, concurrency=args.concurrency, duration=3)
+        )
         pid = procs.pid(args.target)
         if args.target == "worker":
             pid = procs.pid("worker")
@@ -227,7 +252,15 @@ def main(argv: list[str] | None = None) -> int:
         results: list[Result] = []
         load = threading.Thread(
             target=lambda: results.append(
-                generate(Spec(url=url, concurrency=args.concurrency, duration=args.seconds + 2))
+                generate(
+                    Spec(
+                        url=url,
+                        mode=mode,
+                        lanes=args.lanes,
+                        concurrency=args.concurrency,
+                        duration=args.seconds + 2,
+                    )
+                )
             )
         )
         done_before = succeeded(procs.database_url)
@@ -243,7 +276,12 @@ def main(argv: list[str] | None = None) -> int:
         units = done_during if finished else round(results[0].rate * args.seconds)
         # A second, shorter pass for the picture (py-spy writes one format at a time).
         load = threading.Thread(
-            target=generate, args=(Spec(url=url, concurrency=args.concurrency, duration=5),)
+            target=generate,
+            args=(
+                Spec(
+                    url=url, mode=mode, lanes=args.lanes, concurrency=args.concurrency, duration=5
+                ),
+            ),
         )
         load.start()
         record(pid, 4, svg, "flamegraph", subprocesses)
