@@ -60,13 +60,15 @@ CREATE FUNCTION public.key_slug(source text) RETURNS text
 $$;
 
 CREATE FUNCTION public.key_version(p_key text) RETURNS text
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     AS $$
+BEGIN
     -- A delivery's version is its event's.
-    SELECT e.version
-      FROM idempotency_keys k
-      JOIN events e ON e.idempotency_key = COALESCE(k.event_key, k.idempotency_key)
-     WHERE k.idempotency_key = p_key
+    RETURN (SELECT e.version
+              FROM idempotency_keys k
+              JOIN events e ON e.idempotency_key = COALESCE(k.event_key, k.idempotency_key)
+             WHERE k.idempotency_key = p_key);
+END
 $$;
 
 CREATE FUNCTION public.lane_admit(p_key text, p_fence bigint, p_token text, p_ordering text, p_on_failure text, p_ttl_seconds double precision) RETURNS TABLE(decision text, superseded_by text, retry_after integer)
