@@ -1,23 +1,26 @@
-"""Attempts of one process share their claim and success statements when they arrive together.
+"""Attempts of one process share their claim, lane step and success statements when they arrive
+together.
 
 Each attempt costs two statements at least, its claim and its outcome, and under load those
 round trips (parse, plan, a lock, a WAL record, a reply; the driver's work on both ends) are
 most of what the gateway adds to a message. Here, as in a database's group commit, an attempt
 whose statement would wait for another attempt's already on its way joins the next one instead:
 the first attempt to arrive sends its statement at once, and every attempt arriving while it is
-in flight is sent, together, in the next (`CLAIM_KEYS`, `SUCCEED_KEYS`). No attempt waits for a
-timer: alone, an attempt sends the single-key statement it always sent; a batch forms only
-behind a statement already in flight.
+in flight is sent, together, in the next (`CLAIM_KEYS`, `ADMIT_KEYS`, `SUCCEED_KEYS`). No
+attempt waits for a timer: alone, an attempt sends the single-key statement it always sent; a
+batch forms only behind a statement already in flight.
 
 Nothing about a key changes. Each row of the shared statements is decided exactly as the
-single-key statement decides it (`outbox.store.siblings`): its own fence, token and lease
-(counted from when the shared claim was sent, no later than the database's now()), a refused
-key asks why as one key does, and a success whose fence or token no longer matches writes
-nothing. A key twice in one batch (delivered twice at once, or a stale holder's success beside
-the new holder's) shares it once; the other is sent alone after it. Rows are locked in key
-order, so two batches queue instead of deadlocking. A batch that fails for any reason (a result
-the database refuses, a dropped connection) is not retried as a batch: each of its attempts
-then sends its own statement, with a single key's handling.
+single-key statement decides it (`outbox.store.siblings`, `outbox.store.lanes`): its own fence,
+token and lease (counted from when the shared claim was sent, no later than the database's
+now()), a refused key asks why as one key does, and a success whose fence or token no longer
+matches writes nothing. A key twice in one batch (delivered twice at once, or a stale holder's
+success beside the new holder's) shares it once; the other is sent alone after it. Rows are
+locked in key order, so two batches queue instead of deadlocking. The lane steps of ordered
+keys lock their keys, then their lanes in lane order, and leave out a key whose row or lane
+another transaction holds at that moment: it is sent alone, and waits there. A batch that
+fails for any reason (a result the database refuses, a dropped connection) is not retried as a
+batch: each of its attempts then sends its own statement, with a single key's handling.
 
 Under load, about half the claims and successes share a statement, a few keys to each; the
 worker's CPU per event fell by a sixth (docs/explanation/performance.md).
@@ -27,12 +30,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Engine
 
+from worker.lanes import admit_keys
 from worker.siblings import claim_keys, succeed_keys
 from worker.store import Blocked, Claim, InFlight, KeyStore, success_params
 
@@ -148,6 +152,9 @@ class GroupedStore(KeyStore):
         self._successes: Combiner[_Success, bool] = Combiner(
             self._succeed_alone, self._succeed_together
         )
+        self._admits: Combiner[dict[str, Any], Mapping[str, Any]] = Combiner(
+            lambda step: KeyStore.admit(self, step), self._admit_together
+        )
 
     def claim(self, key: str, owner: str, lease_seconds: float) -> Claim | Blocked:
         if lease_seconds != self.lease_seconds:
@@ -168,6 +175,18 @@ class GroupedStore(KeyStore):
         return KeyStore.succeed(
             self, success.claim, success.result, success.external_ref, success.reconciled
         )
+
+    def admit(self, step: dict[str, Any]) -> Mapping[str, Any]:
+        return self._admits.submit(step)
+
+    def _admit_together(self, steps: Sequence[dict[str, Any]]) -> list[Mapping[str, Any] | None]:
+        # `lane_admit_many` takes its locks in its own order (keys, then lanes), waiting for
+        # none held elsewhere: a key it left out is sent alone.
+        shared = _firsts(steps, key=lambda step: str(step["key"]))
+        decided = admit_keys(self, [steps[i] for i in sorted(shared)])
+        return [
+            decided.get(str(step["key"])) if i in shared else None for i, step in enumerate(steps)
+        ]
 
     def _succeed_together(self, successes: Sequence[_Success]) -> list[bool | None]:
         shared = _firsts(successes, key=lambda s: s.claim.key)

@@ -32,14 +32,20 @@ from worker.store import Blocked, Claim, KeyStore, claim_of, success_params
 # fan-out's destinations answering within this of each other share one statement.
 LINGER_SECONDS = 0.02
 
-# The parallel arrays of `SUCCEED_KEYS`, from each key's `SUCCEED` parameters.
-_COLUMNS = {
+# The parallel arrays of a shared statement's keys and their attempts, from each key's
+# parameters (`attempt_params`): what `SUCCEED_KEYS` and `ADMIT_KEYS` both take.
+ATTEMPT_ARRAYS = {
     "keys": "key",
     "fences": "fence",
     "tokens": "token",
     "attempts": "attempt",
     "started_at": "started_at",
     "workers": "worker",
+}
+
+# The parallel arrays of `SUCCEED_KEYS`, from each key's `SUCCEED` parameters.
+_COLUMNS = {
+    **ATTEMPT_ARRAYS,
     "outcomes": "outcome",
     "reconciled": "reconciled",
     "status_codes": "status_code",
@@ -89,7 +95,8 @@ def claim_keys(
 
 class Siblings(KeyStore):
     """The store as the attempts of one message see it: `claim` hands out the key's share of
-    the shared claim, `succeed` joins the shared write; every other step is the store's own.
+    the shared claim, `succeed` joins the shared write, `admit` (the lane step) goes through
+    the process's store; every other step is the store's own.
     Each attempt calls `finished(key)` when it ends, so that no success waits for a sibling
     that will never record one. A claim or a success its siblings do not share goes through
     the process's store, where it may share a statement with other messages' attempts."""
@@ -109,6 +116,9 @@ class Siblings(KeyStore):
     def claim(self, key: str, owner: str, lease_seconds: float) -> Claim | Blocked:
         taken = self._claims.pop(key, None)
         return self._store.claim(key, owner, lease_seconds) if taken is None else taken
+
+    def admit(self, step: dict[str, Any]) -> Mapping[str, Any]:
+        return self._store.admit(step)
 
     def finished(self, key: str) -> None:
         with self._cond:

@@ -27,7 +27,7 @@ from sqlalchemy.exc import DataError
 from outbox.core.logs import get_logger
 from outbox.core.redaction import redact
 from outbox.core.wire import PROCESS_TASK
-from outbox.store import attempts, lifecycle
+from outbox.store import attempts, lanes, lifecycle
 from outbox.store import routes as route_queries
 from outbox.store.driven import rows_once_more
 from worker.results import storable_ref, storable_result, storable_text
@@ -174,6 +174,11 @@ class KeyStore:
         return Blocked(
             status=state["status"], lease_live=bool(state["lease_live"]), actor=state["actor"]
         )
+
+    def admit(self, step: dict[str, Any]) -> Mapping[str, Any]:
+        """The lane step of one key (`worker.lanes`): `lane_admit`'s decision, which it gives
+        for every call (`lost` for a key no longer held)."""
+        return self.all(lanes.ADMIT, step)[0]
 
     def renew(self, claim: Claim, lease_seconds: float) -> datetime | None:
         """Extend the lease; None means it is lost (another holder has a newer fence)."""

@@ -35,6 +35,40 @@ ADMIT: TextClause = text(
     """
 )
 
+ADMIT_KEYS: TextClause = text(
+    f"""
+    -- The lane step of several keys at once (`lane_admit_many`, migration 0022): each key
+    -- decided as ADMIT decides it alone, its wait or supersede logged as ADMIT logs it. A key
+    -- the call left out (it or its lane was held elsewhere at that moment, or it is no longer
+    -- this caller's) has no row: its caller sends it alone. The arrays are parallel, one
+    -- element per key, the keys distinct.
+    WITH d AS MATERIALIZED (
+        SELECT m.idempotency_key, m.decision, m.superseded_by, m.retry_after
+          FROM lane_admit_many(CAST(:keys AS text[]), CAST(:fences AS bigint[]),
+                               CAST(:tokens AS text[]), CAST(:orderings AS text[]),
+                               CAST(:on_failures AS text[]),
+                               CAST(:ttl_seconds AS float8[])) m
+    ), step AS (
+        SELECT *
+          FROM unnest(CAST(:keys AS text[]), CAST(:fences AS bigint[]),
+                      CAST(:attempts AS integer[]), CAST(:started_at AS timestamptz[]),
+                      CAST(:workers AS text[]))
+            AS s(key, fence, attempt, started_at, worker)
+    ), logged AS (
+        INSERT INTO attempts (idempotency_key, attempt, fence, started_at, outcome, reconciled,
+                              status_code, error_code, detail, worker)
+        SELECT d.idempotency_key, s.attempt, s.fence, s.started_at,
+               CASE d.decision WHEN 'wait' THEN 'deferred_lane' ELSE 'superseded' END, NULL,
+               NULL, CASE d.decision WHEN 'wait' THEN 'lane_waiting' ELSE 'superseded' END,
+               NULL, s.worker
+          FROM d JOIN step s ON s.key = d.idempotency_key
+         WHERE d.decision IN ('wait', 'superseded')
+        RETURNING idempotency_key
+    ), {attempts.trimmed()}
+    SELECT idempotency_key, decision, superseded_by, retry_after FROM d
+    """
+)
+
 WAKE_IDLE_LANES: TextClause = text(
     """
     -- The sweeper's look after lanes whose parked keys have waited past the grace period
