@@ -5,19 +5,34 @@ at once, never waited for inside the shared statement, and decided alone after."
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import psycopg
 from sqlalchemy import Engine
 
-from tests.integration.worker.test_grouped import behind_one_in_flight, row_locked, sent
-from tests.support import libpq, query, seed_lane_key
+from tests.integration.worker.test_grouped import (
+    behind_one_in_flight,
+    lock_waits,
+    row_locked,
+    sent,
+)
+from tests.integration.worker.test_lanes import (
+    Recorder,
+    _accepted,
+    _routes,
+    _settled,
+    _states,
+)
+from tests.support import Downstream, Stack, libpq, query, seed_lane_key, wait_until
 from worker.grouped import GroupedStore
 from worker.lanes import admit_keys
 from worker.store import KeyStore
@@ -60,11 +75,11 @@ def step(key: str, ordering: str = "accepted") -> dict[str, Any]:
 
 
 @contextmanager
-def lane_locked(database_url: str, lane: str) -> Iterator[None]:
+def lane_locked(database_url: str, lane: str, route: str = "crm") -> Iterator[None]:
     """Another transaction holds `lane`'s row (as a key of it finishing does) until the block
     ends."""
     with psycopg.connect(libpq(database_url)) as conn:
-        conn.execute("SELECT 1 FROM lanes WHERE route = 'crm' AND lane = %s FOR UPDATE", (lane,))
+        conn.execute("SELECT 1 FROM lanes WHERE route = %s AND lane = %s FOR UPDATE", (route, lane))
         yield
         conn.rollback()
 
@@ -191,3 +206,60 @@ def test_a_key_no_longer_held_by_its_caller_is_left_out_and_lost_alone(
         "SELECT status, fence, lease_token FROM idempotency_keys WHERE idempotency_key = %s",
         (taken,),
     ) == [("processing", 2, "t-new")]
+
+
+def test_a_worker_deciding_lane_steps_together_keeps_each_contact_in_order(
+    protected: tuple[Stack, Path], downstream: Downstream
+) -> None:
+    """12 versions of each of 6 contacts, posted in a shuffled order, wait for a worker of 32
+    threads; as it starts, another transaction holds one contact's lane for half a second, so
+    that contact's lane steps wait and the others' are decided together (`lane_admit_many`
+    runs). Each contact's applied versions still increase strictly and end at the newest, one
+    request of a contact at a time; every event is applied once or superseded, never both."""
+    stack, routes = protected
+    name = query(stack.database_url, "SELECT current_database()")[0][0]
+    query(stack.database_url, f"ALTER DATABASE \"{name}\" SET track_functions = 'all'")
+    _routes(routes, downstream.url)
+    recorder = Recorder(downstream, delay=0.02)
+    contacts = [f"g{n}" for n in range(6)]
+    query(
+        stack.database_url,
+        "INSERT INTO lanes (route, lane, ordering, on_failure, expires_at)"
+        " VALUES ('contacts', 'crm:g0', 'supersede', 'block', now() + interval '1 day')",
+    )
+    stack.start_receiver()
+    stack.start_relay()
+    work = [(obj, v) for obj in contacts for v in range(1, 13)]
+    random.Random(50).shuffle(work)
+    keys = [_accepted(stack, recorder, "contact.updated", obj, v) for obj, v in work]
+    with lane_locked(stack.database_url, "crm:g0", route="contacts"):
+        stack.start_worker(concurrency=32)
+        wait_until(lambda: lock_waits(stack.database_url) >= 1, timeout=30, interval=0.02)
+        # Well within the statement timeout (3 s) of the step that waits.
+        time.sleep(0.5)
+    wait_until(lambda: _settled(stack, keys), timeout=90, interval=0.3)
+
+    states = _states(stack, keys)
+    assert {status for status, _ in states.values()} <= {"succeeded", "superseded"}
+    for obj in contacts:
+        applied = recorder.applied[obj]
+        assert applied == sorted(set(applied)) and applied[-1] == 12, (obj, applied)
+        assert recorder.overlaps(obj) == 0, obj
+    for key, (status, by) in states.items():
+        assert downstream.effects[key] == (1 if status == "succeeded" else 0), (key, status)
+        if status == "superseded":
+            assert by is not None and int(by) > recorder.version_of[key], (key, by)
+    # The worker's sessions report their function calls as they end.
+    stack.stop("worker")
+    wait_until(
+        lambda: (
+            query(
+                stack.database_url,
+                "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions"
+                " WHERE funcname = 'lane_admit_many'",
+            )[0][0]
+            >= 1
+        ),
+        timeout=30,
+        interval=0.2,
+    )
