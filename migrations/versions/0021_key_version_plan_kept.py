@@ -12,7 +12,9 @@ Revises: 0020
 Create Date: 2026-12-07
 """
 
+import importlib.util
 from collections.abc import Sequence
+from pathlib import Path
 
 from alembic import op
 
@@ -34,21 +36,17 @@ END
 $$
 """
 
-# As revision 0015 made it.
-_SQL = """
-CREATE OR REPLACE FUNCTION key_version(p_key text) RETURNS text LANGUAGE sql STABLE AS $$
-    -- A delivery's version is its event's.
-    SELECT e.version
-      FROM idempotency_keys k
-      JOIN events e ON e.idempotency_key = COALESCE(k.event_key, k.idempotency_key)
-     WHERE k.idempotency_key = p_key
-$$
-"""
-
 
 def upgrade() -> None:
     op.execute(_PLPGSQL)
 
 
 def downgrade() -> None:
-    op.execute(_SQL)
+    # As revision 0015 made it.
+    spec = importlib.util.spec_from_file_location(
+        "fan_out", Path(__file__).with_name("0015_fan_out.py")
+    )
+    assert spec is not None and spec.loader is not None
+    fan_out = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fan_out)
+    op.execute(fan_out._KEY_VERSION)
