@@ -29,6 +29,7 @@ import threading
 from collections import Counter
 from pathlib import Path
 
+from bench import ordered
 from bench.infra import DEFAULT_ADMIN_URL, noop_stack, scalar, worker_pool_default
 from bench.load import Result, Spec, generate
 from bench.procfs import children
@@ -177,16 +178,6 @@ def succeeded(url: str) -> int:
     )
 
 
-# Section 9's ordered route, for every event (`--lanes`).
-ORDERED_ROUTES = """[[routes]]
-match = "*"
-name = "ordered"
-action = "noop"
-order_by = "/contact/id"
-versions = "supersede"
-"""
-
-
 def fan_out_routes(destinations: int) -> str | None:
     """Every event fanned out to `destinations` noop destinations (none: None, noop routes)."""
     if destinations <= 0:
@@ -225,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         print(summarize(args.summarize))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    routes = ORDERED_ROUTES if args.lanes else fan_out_routes(args.fan_out)
-    mode = "lanes" if args.lanes else "events"
+    # --lanes: section 9's routes file, its updates sent to the ordered route.
+    routes = ordered.ROUTES if args.lanes else fan_out_routes(args.fan_out)
     # Written once the downstream's port is known; the worker reads its routes as it starts.
     routes = routes if not args.downstream_ms else "# the http route follows\n"
     with noop_stack(args.admin_url, "profile", routes) as (procs, _):
@@ -241,28 +232,27 @@ def main(argv: list[str] | None = None) -> int:
             procs.start_relay()
             procs.start_worker(concurrency=128 if args.downstream_ms else 2)
         procs.ready()
-        generate(
-            Spec(url=url, mode=mode, lanes=args.lanes, concurrency=args.concurrency, duration=3)
-        )
+
+        def burst(seconds: float) -> Spec:
+            if not args.lanes:
+                return Spec(url=url, concurrency=args.concurrency, duration=seconds)
+            return Spec(
+                url=url,
+                mode="lanes",
+                lanes=args.lanes,
+                event_type=ordered.KINDS["ordered"],
+                concurrency=args.concurrency,
+                duration=seconds,
+            )
+
+        generate(burst(3))
         pid = procs.pid(args.target)
         if args.target == "worker":
             pid = procs.pid("worker")
             if worker_pool_default() == "prefork":
                 assert children(pid), "the worker has no pool processes"
         results: list[Result] = []
-        load = threading.Thread(
-            target=lambda: results.append(
-                generate(
-                    Spec(
-                        url=url,
-                        mode=mode,
-                        lanes=args.lanes,
-                        concurrency=args.concurrency,
-                        duration=args.seconds + 2,
-                    )
-                )
-            )
-        )
+        load = threading.Thread(target=lambda: results.append(generate(burst(args.seconds + 2))))
         done_before = succeeded(procs.database_url)
         load.start()
         svg = args.out / f"profile-{args.target}.svg"
@@ -277,11 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         # A second, shorter pass for the picture (py-spy writes one format at a time).
         load = threading.Thread(
             target=generate,
-            args=(
-                Spec(
-                    url=url, mode=mode, lanes=args.lanes, concurrency=args.concurrency, duration=5
-                ),
-            ),
+            args=(burst(5),),
         )
         load.start()
         record(pid, 4, svg, "flamegraph", subprocesses)
