@@ -25,7 +25,7 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from outbox.core.access import bearer_token, same_token
+from outbox.core.bearer import bearer_token, same_token
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 

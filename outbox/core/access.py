@@ -26,7 +26,6 @@ client behind the proxy, not per proxy; refusals are logged with it, never with 
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import math
 import time
@@ -35,6 +34,7 @@ from collections.abc import Callable
 
 from fastapi import Request
 
+from outbox.core.bearer import Tokens, bearer_token, configured, same_token
 from outbox.core.logs import get_logger
 from outbox.core.problems import Problem
 
@@ -55,30 +55,6 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
-
-
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an `Authorization: Bearer <token>` header, else None."""
-    scheme, _, given = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not given.strip():
-        return None
-    return given.strip()
-
-
-Tokens = str | tuple[str, ...]
-
-
-def _configured(expected: Tokens) -> tuple[str, ...]:
-    return tuple(t for t in ((expected,) if isinstance(expected, str) else expected) if t)
-
-
-def same_token(expected: Tokens, given: str) -> bool:
-    """Whether `given` is one of the configured tokens, compared in constant time (every one
-    is compared); never for an unset one."""
-    matched = False
-    for token in _configured(expected):
-        matched |= hmac.compare_digest(given.strip().encode(), token.encode())
-    return matched
 
 
 class FailureThrottle:
@@ -200,7 +176,7 @@ def require_token_or_loopback(
     `<realm>_forbidden` for others), so an unconfigured deployment exposes nothing. Behind a
     reverse proxy on the same host every client looks local unless the proxy's headers are
     trusted (FORWARDED_ALLOW_IPS): configure a token there."""
-    if _configured(expected):
+    if configured(expected):
         require_bearer(request, expected, throttle, realm)
         return
     address = client_address(request)

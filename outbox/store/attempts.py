@@ -14,12 +14,14 @@ time, else now), :worker, :outcome, :reconciled, :status_code, :log_error_code, 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, RowMapping, TextClause, text
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from outbox.core.timewindow import iso
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 KEPT_PER_KEY = 50
 # What an operator reads of an attempt's detail: enough for an error message, never a body.

@@ -28,18 +28,20 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import dict_row
 from sqlalchemy import Dialect, Engine, TextClause
 from sqlalchemy.exc import DBAPIError, StatementError
-from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.util import greenlet_spawn
 
 from outbox.core.logs import get_logger
 from outbox.store.engines import HIDE_PARAMETERS, on_standby, scrubbed, standby_error
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = get_logger(__name__)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from outbox.core.access import FailureThrottle, bearer_token, is_loopback
+from outbox.core.access import FailureThrottle, is_loopback
+from outbox.core.bearer import bearer_token
 from outbox.core.settings import Settings
 from outbox.core.tokens import TokenError, check_tokens, configured_tokens, weak_tokens
 
