@@ -30,6 +30,8 @@ The reasons returned never quote the value.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from zxcvbn import zxcvbn
 
 from outbox.core import standard_webhooks
@@ -69,6 +71,9 @@ def standard_weakness(secret: str) -> str | None:
     return guessable(key.hex())
 
 
+# A process judges the same secrets more than once (a routes file is read again to be served,
+# a CLI command checks the settings' tokens): each costs zxcvbn about 10 ms.
+@lru_cache(maxsize=256)
 def guessable(text: str) -> str | None:
     """Why zxcvbn finds `text` (its first 72 characters) easy to guess, or None."""
     estimate = zxcvbn(text[:ESTIMATED_CHARS])
