@@ -63,10 +63,27 @@ def test_a_refused_statement_gives_its_connection_back_to_the_receiver_pool(
     asyncio.run(scenario())
 
 
+def _lock_waits(database_url: str) -> int:
+    # This database's sessions only: the server may serve others.
+    ((count,),) = query(
+        database_url,
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    return int(count)
+
+
 def test_a_statement_chosen_as_a_deadlocks_victim_is_run_again(own_database: str) -> None:
     """Two statements lock two rows in opposite orders: the server rolls one back as the
     deadlock's victim; the store runs it again (it wrote nothing) and it succeeds once the
-    other has finished, instead of raising DeadlockDetected as if the step had failed."""
+    other has finished, instead of raising DeadlockDetected as if the step had failed.
+
+    The server checks a wait for a deadlock once, `deadlock_timeout` after it began, and the
+    session whose check finds the cycle is the victim. So the store's statement is made to
+    close the cycle: it holds row 2 and waits at a gate (an advisory lock the test holds) until
+    the other transaction waits for row 2; then it goes for row 1 and its check, 200 ms later,
+    finds the cycle. The other's check comes after a minute. Whatever the machine's load, the
+    store's statement is the victim."""
     with psycopg.connect(libpq(own_database), autocommit=True) as setup:
         setup.execute("CREATE TABLE locks (id int PRIMARY KEY, n int NOT NULL)")
         setup.execute("INSERT INTO locks VALUES (1, 0), (2, 0)")
@@ -75,40 +92,40 @@ def test_a_statement_chosen_as_a_deadlocks_victim_is_run_again(own_database: str
     engine = create_sync_engine(
         _settings(own_database), pool_size=1, max_overflow=0, autocommit=True
     )
-    # Row 2, then row 1 (which the other transaction holds): this statement waits first,
-    # so its deadlock check fires first and it is the victim.
+    # Row 2, the gate (its key made from row 2's id, so it is taken after row 2), row 1.
     both = text(
         "WITH first AS (UPDATE locks SET n = n + 1 WHERE id = 2 RETURNING id),"
-        " second AS (UPDATE locks SET n = n + 1 WHERE id = (SELECT id - 1 FROM first)"
+        " gated AS (SELECT first.id FROM first,"
+        "           LATERAL pg_advisory_xact_lock(first.id + 1000) AS gate),"
+        " second AS (UPDATE locks SET n = n + 1 WHERE id = (SELECT id - 1 FROM gated)"
         "            RETURNING id)"
         " SELECT count(*) AS done FROM second"
     )
     outcome: list[object] = []
     try:
-        with psycopg.connect(libpq(own_database)) as other:
+        with (
+            psycopg.connect(libpq(own_database), autocommit=True) as gate,
+            psycopg.connect(libpq(own_database)) as other,
+        ):
+            gate.execute("SELECT pg_advisory_lock(1002)")
+            other.execute("SET deadlock_timeout = '1min'")
             other.execute("UPDATE locks SET n = n + 10 WHERE id = 1")
             thread = threading.Thread(
                 target=lambda: outcome.append(rows_once_more(engine, both, {}))
             )
             thread.start()
-            # Once the thread's statement holds row 2 and waits for row 1, it waits first,
-            # whatever the machine's load, so its deadlock check fires first.
-            wait_until(
-                lambda: (
-                    query(
-                        own_database,
-                        # This database's sessions only: the server may serve others.
-                        "SELECT count(*) FROM pg_stat_activity"
-                        " WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                    )
-                    == [(1,)]
-                ),
-                timeout=10,
-                interval=0.02,
+            wait_until(lambda: _lock_waits(own_database) == 1, timeout=10, interval=0.02)
+            # Row 2 is the thread's: the other transaction waits for it.
+            closer = threading.Thread(
+                target=lambda: other.execute("UPDATE locks SET n = n + 10 WHERE id = 2")
             )
-            # Row 2 is the thread's; waiting for it closes the cycle. The thread's statement
-            # is rolled back, this one goes on, and the thread's runs again.
-            other.execute("UPDATE locks SET n = n + 10 WHERE id = 2")
+            closer.start()
+            wait_until(lambda: _lock_waits(own_database) == 2, timeout=10, interval=0.02)
+            # The gate opens: the thread's statement waits for row 1 and closes the cycle. It
+            # is rolled back, the other goes on, and the thread's runs again.
+            gate.execute("SELECT pg_advisory_unlock(1002)")
+            closer.join(timeout=30)
+            assert not closer.is_alive()
             other.commit()
             thread.join(timeout=30)
     finally:
