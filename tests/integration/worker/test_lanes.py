@@ -595,11 +595,12 @@ def test_an_event_an_ordered_route_cannot_place_is_refused_with_nothing_stored(
     stack.start_receiver()
     answers = []
     with stack.client() as client:
-        for event_type, version, payload, _ in UNPLACEABLE:
+        # An id of its own each, as if alone: no answer can be another's duplicate.
+        for index, (event_type, version, payload, _) in enumerate(UNPLACEABLE):
             body: dict[str, Any] = {
                 "source": "crm",
                 "event_type": event_type,
-                "external_id": "x-1",
+                "external_id": f"x-{index}",
                 "payload": payload,
             }
             if version is not None:
