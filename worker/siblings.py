@@ -99,7 +99,14 @@ class Siblings(KeyStore):
     the process's store; every other step is the store's own.
     Each attempt calls `finished(key)` when it ends, so that no success waits for a sibling
     that will never record one. A claim or a success its siblings do not share goes through
-    the process's store, where it may share a statement with other messages' attempts."""
+    the process's store, where it may share a statement with other messages' attempts.
+
+    Of the successes waiting to be written, the first to arrive leads: it waits (on `_cond`,
+    where only a leader waits) until no sibling is still expected to succeed or the linger
+    runs out, then takes every waiting success and writes them; each other success waits on
+    its own event, set when its write is done. A success or an end wakes the leader only when
+    nothing is left to wait for, so a message of n keys costs about n wake-ups, not n² (each
+    success waking every waiting sibling to look again)."""
 
     def __init__(self, store: KeyStore, claims: Mapping[str, Claim | Blocked]) -> None:
         super().__init__(store.engine, store.in_flight)
@@ -110,6 +117,10 @@ class Siblings(KeyStore):
         self._expected = {key for key, claim in claims.items() if isinstance(claim, Claim)}
         # Successes waiting to be written: key -> its SUCCEED parameters.
         self._waiting: dict[str, dict[str, Any]] = {}
+        # The success that takes the waiting ones to write them, once it may; None: none yet.
+        self._leader: str | None = None
+        # Set when a waiting success's write is done (`_written` holds what it said).
+        self._done: dict[str, threading.Event] = {}
         # What the shared write said of each key: True/False, or None: write it alone.
         self._written: dict[str, bool | None] = {}
 
@@ -123,42 +134,56 @@ class Siblings(KeyStore):
     def finished(self, key: str) -> None:
         with self._cond:
             self._expected.discard(key)
-            self._cond.notify_all()
+            self._wake_leader()
 
     def succeed(
         self, claim: Claim, result: Any, external_ref: str | None, reconciled: bool | None = None
     ) -> bool:
         key = claim.key
+        done = threading.Event()
         with self._cond:
             self._waiting[key] = success_params(claim, result, external_ref, reconciled)
+            self._done[key] = done
             self._expected.discard(key)
-            self._cond.notify_all()
-            batch = self._wait_or_take(key, time.monotonic() + LINGER_SECONDS)
-        if batch:
-            written = self._write(batch)
-            with self._cond:
-                self._written.update(written)
-                self._cond.notify_all()
+            leads = self._leader is None
+            if leads:
+                self._leader = key
+            else:
+                self._wake_leader()
+        if leads:
+            self._lead(time.monotonic() + LINGER_SECONDS)
+        else:
+            done.wait()
         with self._cond:
             recorded = self._written.pop(key)
         if recorded is None:
             return self._store.succeed(claim, result, external_ref, reconciled)
         return recorded
 
-    def _wait_or_take(self, key: str, deadline: float) -> dict[str, dict[str, Any]]:
-        """Under the lock: wait until another attempt wrote this key (returns nothing), or
-        take every waiting success to write them (when no sibling is still expected to
-        succeed, or the linger ran out)."""
-        while key not in self._written:
-            if key in self._waiting:
-                left = deadline - time.monotonic()
-                if not self._expected or left <= 0:
-                    batch, self._waiting = self._waiting, {}
-                    return batch
+    def _wake_leader(self) -> None:
+        """Under the lock: a leader waits only for no sibling being expected any more."""
+        if self._leader is not None and not self._expected:
+            self._cond.notify()
+
+    def _lead(self, deadline: float) -> None:
+        """Wait until no sibling is still expected to succeed, or the linger ran out; then
+        take every waiting success, write them and tell each its answer. A success arriving
+        during the write leads the next batch."""
+        with self._cond:
+            while self._expected and (left := deadline - time.monotonic()) > 0:
                 self._cond.wait(left)
-            else:
-                self._cond.wait()
-        return {}
+            batch, self._waiting, self._leader = self._waiting, {}, None
+        written: dict[str, bool | None] = {}
+        try:
+            written = self._write(batch)
+        finally:
+            # Whatever happened to the write, no sibling is left waiting: a key it did not
+            # answer is written alone.
+            with self._cond:
+                self._written.update({key: written.get(key) for key in batch})
+                told = [self._done.pop(key) for key in batch]
+            for event in told:
+                event.set()
 
     def _write(self, batch: dict[str, dict[str, Any]]) -> dict[str, bool | None]:
         if len(batch) == 1:
