@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench import ordered
-from bench.infra import DEFAULT_ADMIN_URL, noop_stack, scalar, worker_pool_default
+from bench.infra import DEFAULT_ADMIN_URL, WorkerShape, noop_stack, scalar, worker_pool_default
 from bench.load import Result, Spec, generate
 from bench.procfs import children
 from bench.slow import HTTP_ROUTES
@@ -49,7 +49,9 @@ def py_spy() -> str:
     return on_path
 
 
-def record(pid: int, seconds: float, out: Path, fmt: str, subprocesses: bool) -> None:
+def record(
+    pid: int, seconds: float, out: Path, fmt: str, subprocesses: bool, gil: bool = False
+) -> None:
     command = [
         py_spy(),
         "record",
@@ -67,6 +69,8 @@ def record(pid: int, seconds: float, out: Path, fmt: str, subprocesses: bool) ->
     ]
     if subprocesses:
         command.append("--subprocesses")
+    if gil:
+        command.append("--gil")
     subprocess.run(command, check=True, capture_output=True)
 
 
@@ -211,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="act with http against the fake downstream answering after this many ms",
     )
+    parser.add_argument(
+        "--gil",
+        action="store_true",
+        help="only the thread holding the GIL: where a process bound by its GIL spends its core",
+    )
     args = parser.parse_args(argv)
     if args.summarize:
         print(summarize(args.summarize))
@@ -230,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
             url = procs.start_ceiling()
         if args.target in ("worker", "relay"):
             procs.start_relay()
-            procs.start_worker(concurrency=128 if args.downstream_ms else 2)
+            # The bench's shape (the worker's default pool and concurrency), as its sections run it.
+            pool, concurrency = WorkerShape().resolved()
+            procs.start_worker(concurrency=concurrency, pool=pool)
         procs.ready()
 
         def burst(seconds: float) -> Spec:
@@ -258,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         svg = args.out / f"profile-{args.target}.svg"
         raw = args.out / f"profile-{args.target}.txt"
         subprocesses = args.target == "worker"
-        record(pid, args.seconds, raw, "raw", subprocesses)
+        record(pid, args.seconds, raw, "raw", subprocesses, args.gil)
         done_during = succeeded(procs.database_url) - done_before
         load.join()
         # Requests answered (receiver, ceiling) or events finished (worker, relay) meanwhile.
@@ -270,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             args=(burst(5),),
         )
         load.start()
-        record(pid, 4, svg, "flamegraph", subprocesses)
+        record(pid, 4, svg, "flamegraph", subprocesses, args.gil)
         load.join()
     print(summarize(raw, units=units))
     print(f"\nflame graph: {svg}\ncollapsed stacks: {raw}")
