@@ -96,6 +96,12 @@ class Settings(BaseSettings):
     # worker's attempts in flight stay within its concurrency: worker/slots.py). 1: one key
     # per message (an event's fanned-out deliveries still travel together).
     relay_keys_per_message: int = Field(default=8, ge=1, le=64)
+    # After a pass that published rows (and did not fill its batch), the relay waits this
+    # long before it looks again, so that rows accepted meanwhile share messages and the
+    # worker's statements (outbox/relay/loop.py, gather_wait). A row that comes while the
+    # relay idles goes out at once; one accepted within this after a publish waits at most
+    # this long. 0: the next pass at once (each pass then takes what came during the last).
+    relay_gather_seconds: float = Field(default=0.01, ge=0, le=1)
     # Several relays: one leads and publishes, the others stand by and check every third of
     # this; the lead is renewed that often and passes to a standby this long after its holder
     # died or stopped publishing (at once when it stops). 0: every relay publishes, each woken

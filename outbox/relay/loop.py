@@ -2,8 +2,10 @@
 
 Loop: take a batch of due rows by giving them a short lease (`claimed_until`, one committed
 statement: SKIP LOCKED and the lease keep relays apart), publish them with no transaction
-open, mark them published, repeat while batches come back full; then sleep until a NOTIFY
-arrives, the next scheduled row falls due, or the poll interval passes, whichever is first.
+open, mark them published, repeat while batches come back full; after a pass that published
+rows, let the next ones gather for RELAY_GATHER_SECONDS (`gather_wait`); then sleep until a
+NOTIFY arrives, the next scheduled row falls due, or the poll interval passes, whichever is
+first.
 NOTIFY is only a wake-up (it is lost while disconnected), so the poll stays. A pass that found
 nothing to take always waits, even when rows are due but held by another relay, so relays
 never spin against each other. A relay killed between the publish and the mark leaves rows
@@ -158,6 +160,23 @@ class Pacer:
         return max(0.0, batch.published / self.rate - elapsed)
 
 
+def gather_wait(batch: Batch, full: bool, seconds: float) -> float:
+    """How long to let fresh rows gather after a pass before the next (0: go on).
+
+    After a pass that published rows without filling its batch, the relay waits `seconds`
+    before it looks again, so that the rows accepted meanwhile go out together: in fewer
+    messages (up to RELAY_KEYS_PER_MESSAGE keys each), whose keys a worker claims and records
+    in shared statements. Each message costs the worker and the broker the same whatever it
+    carries, so under load this is most of what a key costs beyond its own statements' rows.
+    A row that comes while the relay idles goes out at once; only one accepted within
+    `seconds` after a publish waits, and at most that long. A full batch goes on at once:
+    there is more to take already.
+    """
+    if full or batch.published == 0:
+        return 0.0
+    return seconds
+
+
 def idle_wait(batch: Batch, next_due: float | None, poll_seconds: float) -> float:
     """How long to sleep after a pass that did not fill its batch (0: go on at once).
 
@@ -297,6 +316,7 @@ def run_relay(
         listens=session is not None,
         lead_seconds=settings.relay_lead_seconds,
         keys_per_message=settings.relay_keys_per_message,
+        gather_seconds=settings.relay_gather_seconds,
     )
     try:
         while not stop.is_set():
@@ -338,7 +358,10 @@ def run_relay(
                 broker_failing = False
             if batch.published:
                 log.debug("relay.published", rows=batch.published)
-            pause = pacer.pause(batch, time.monotonic() - began)
+            pause = max(
+                pacer.pause(batch, time.monotonic() - began),
+                gather_wait(batch, full, settings.relay_gather_seconds),
+            )
             if pause > 0:
                 stop.wait(pause)
             if full:

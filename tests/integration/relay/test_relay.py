@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -357,3 +358,30 @@ def test_the_loop_sends_a_batch_in_messages_of_keys_per_message(
         f"k-{n}" for n in range(1, 31)
     )
     assert _count(own_database, "published_at IS NULL") == 0
+
+
+def test_after_a_pass_that_published_the_next_waits_for_rows_to_gather(
+    own_database: str, settings: Settings, engine: Engine, app: Celery, queue: Any
+) -> None:
+    """A pass that published rows without filling its batch is followed by
+    RELAY_GATHER_SECONDS of waiting before the next pass takes rows, so that rows accepted
+    meanwhile are taken, and packed, together; the pass after it, which took nothing, goes
+    to its idle wait at once."""
+    seed_due_outbox(own_database, 1)
+    gathering = settings.model_copy(update={"relay_gather_seconds": 0.5})
+    stop = threading.Event()
+    waiter = CountingWaiter(stop, waits=2)
+    passes: list[float] = []
+
+    def count(_cursor: Any, statement: str, _params: Any) -> None:
+        if "-- Take a batch of due, unpublished rows" in statement:
+            passes.append(time.monotonic())
+
+    with statements_sent(engine, count):
+        run_relay(gathering, engine, app, stop, listener=waiter)
+
+    assert queued_tasks(queue) == [(PROCESS_TASK, ["k-1"])]
+    # Two passes (the second took nothing), each followed by one idle wait: the gather came
+    # between them, after the publish, not in place of a wait.
+    assert len(passes) == 2 and len(waiter.log) == 2
+    assert passes[1] - passes[0] >= 0.5

@@ -1,10 +1,10 @@
-"""The relay's pacing and idle waits, as pure functions of what a pass did."""
+"""The relay's pacing, gathering and idle waits, as pure functions of what a pass did."""
 
 from __future__ import annotations
 
 import pytest
 
-from outbox.relay.loop import IDLE_FLOOR_SECONDS, Batch, Pacer, idle_wait
+from outbox.relay.loop import IDLE_FLOOR_SECONDS, Batch, Pacer, gather_wait, idle_wait
 
 PACER = Pacer(rate=2000.0, age_seconds=5.0)
 
@@ -44,3 +44,23 @@ def test_an_idle_pass_never_spins(batch: Batch, next_due: float | None, wait: fl
     """A pass that took nothing always waits; one that made progress goes on while rows are
     due."""
     assert idle_wait(batch, next_due, poll_seconds=1.0) == pytest.approx(wait)
+
+
+@pytest.mark.parametrize(
+    ("batch", "full", "wait"),
+    [
+        (Batch(3, 3, 0.01), False, 0.01),  # published, room left: let the next rows gather
+        (Batch(500, 500, 0.2), True, 0.0),  # a full batch: more is due already, go on
+        (Batch(0, 0, 0.0), False, 0.0),  # took nothing: the idle wait, woken by a NOTIFY
+        (Batch(2, 0, 0.0), False, 0.0),  # took rows but sent none (refused): nothing to pack
+    ],
+)
+def test_only_a_pass_that_published_lets_rows_gather(batch: Batch, full: bool, wait: float) -> None:
+    """A row that comes to an idle relay goes out at once; only after a publish does the
+    relay wait RELAY_GATHER_SECONDS, and never when its batch came back full."""
+    assert gather_wait(batch, full, seconds=0.01) == pytest.approx(wait)
+
+
+def test_gather_zero_goes_on_at_once() -> None:
+    """RELAY_GATHER_SECONDS=0: each pass takes what came during the last, as it comes."""
+    assert gather_wait(Batch(3, 3, 0.01), False, seconds=0.0) == 0.0
