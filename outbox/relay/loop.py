@@ -166,11 +166,11 @@ def gather_wait(batch: Batch, full: bool, seconds: float) -> float:
     After a pass that published rows without filling its batch, the relay waits `seconds`
     before it looks again, so that the rows accepted meanwhile go out together: in fewer
     messages (up to RELAY_KEYS_PER_MESSAGE keys each), whose keys a worker claims and records
-    in shared statements. Each message costs the worker and the broker the same whatever it
-    carries, so under load this is most of what a key costs beyond its own statements' rows.
-    A row that comes while the relay idles goes out at once; only one accepted within
-    `seconds` after a publish waits, and at most that long. A full batch goes on at once:
-    there is more to take already.
+    in shared statements. A message costs the broker and the worker about the same whatever
+    it carries (at 320 noop events/s the worker spent a third less CPU per event with the
+    wait: docs/explanation/performance.md). A row that comes while the relay idles goes out
+    at once; only one accepted within `seconds` after a publish waits, and at most that long.
+    A full batch goes on at once: there is more to take already.
     """
     if full or batch.published == 0:
         return 0.0

@@ -365,8 +365,8 @@ def test_after_a_pass_that_published_the_next_waits_for_rows_to_gather(
 ) -> None:
     """A pass that published rows without filling its batch is followed by
     RELAY_GATHER_SECONDS of waiting before the next pass takes rows, so that rows accepted
-    meanwhile are taken, and packed, together; the pass after it, which took nothing, goes
-    to its idle wait at once."""
+    meanwhile are taken, and packed, together; the gather comes before the pass's idle wait,
+    not in its place (each of the two passes is followed by one wait)."""
     seed_due_outbox(own_database, 1)
     gathering = settings.model_copy(update={"relay_gather_seconds": 0.5})
     stop = threading.Event()
