@@ -131,6 +131,11 @@ class Siblings(KeyStore):
     def admit(self, step: dict[str, Any]) -> Mapping[str, Any]:
         return self._store.admit(step)
 
+    def waiting(self) -> int:
+        """Successes not yet in a write sent (for a test to know one waits)."""
+        with self._cond:
+            return len(self._waiting)
+
     def finished(self, key: str) -> None:
         with self._cond:
             self._expected.discard(key)

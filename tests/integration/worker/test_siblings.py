@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine
 
 import worker.siblings
-from tests.support import query, refuse_shared_successes, seed_pending_key
+from tests.support import query, refuse_shared_successes, seed_pending_key, wait_until
 from worker.siblings import Siblings, claim_together
 from worker.store import Blocked, Claim, KeyStore
 
@@ -40,6 +40,15 @@ def _succeed_all(siblings: Siblings, claims: list[Claim]) -> list[bool]:
     for thread in threads:
         thread.join(10)
     return recorded
+
+
+def _two_claimed(db: str, store: KeyStore, prefix: str) -> tuple[Siblings, Claim, Claim]:
+    """Two pending keys claimed together: their siblings' store and each key's claim."""
+    keys = [seed_pending_key(db, f"{prefix}-{n}") for n in range(2)]
+    siblings = claim_together(store, keys, "w1", 30)
+    first, second = (siblings.claim(key, "w1", 30) for key in keys)
+    assert isinstance(first, Claim) and isinstance(second, Claim)
+    return siblings, first, second
 
 
 def test_keys_claimed_together_are_each_taken_or_refused_as_alone(
@@ -126,11 +135,7 @@ def test_a_success_is_written_without_a_sibling_still_acting(
     success is written alone after the linger, not when the sibling ends; the sibling that
     then ends without success (a retry recorded on its own) leaves nothing waiting."""
     db = own_database
-    store = KeyStore(worker_engine)
-    keys = [seed_pending_key(db, f"slow-{n}") for n in range(2)]
-    siblings = claim_together(store, keys, "w1", 30)
-    fast, slow = (siblings.claim(key, "w1", 30) for key in keys)
-    assert isinstance(fast, Claim) and isinstance(slow, Claim)
+    siblings, fast, slow = _two_claimed(db, KeyStore(worker_engine), "slow")
 
     written = threading.Event()
 
@@ -171,3 +176,35 @@ def test_a_shared_write_the_database_refuses_is_written_key_by_key(
     assert recorded == [True, True, True]
     assert statements[SUCCEED_MANY] == 1 and statements[SUCCEED_ONE] == 3
     assert query(db, "SELECT DISTINCT status FROM idempotency_keys") == [("succeeded",)]
+
+
+def test_a_sibling_that_ends_without_success_lets_the_waiting_success_go_at_once(
+    own_database: str,
+    worker_engine: Engine,
+    statements: Counter[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One delivery's success waits for its sibling; the sibling then ends without a success
+    (a retry, a dead letter): the waiting success is written then, alone, not when the linger
+    runs out."""
+    # A linger far longer than the test waits: only the sibling's end can release the write.
+    monkeypatch.setattr(worker.siblings, "LINGER_SECONDS", 60.0)
+    db = own_database
+    siblings, done, ended = _two_claimed(db, KeyStore(worker_engine), "ends")
+
+    recorded: list[bool] = []
+    thread = threading.Thread(
+        target=lambda: recorded.append(siblings.succeed(done, {"ok": True}, None))
+    )
+    thread.start()
+    # The success waits for its sibling (it leads the next write).
+    wait_until(lambda: siblings.waiting() == 1, timeout=20, interval=0.01)
+    siblings.finished(ended.key)
+    thread.join(10)
+
+    assert recorded == [True], "the success waited for a sibling that had ended"
+    assert statements[SUCCEED_ONE] == 1 and statements[SUCCEED_MANY] == 0
+    assert query(db, "SELECT status FROM idempotency_keys ORDER BY idempotency_key") == [
+        ("succeeded",),
+        ("processing",),
+    ]
