@@ -23,8 +23,9 @@ import redis
 
 from bench.autovacuum import StandIn, server_autovacuum
 from bench.procfs import children
-from outbox.store.embedded import free_port, start_redis, wait_for_port
+from outbox.store.embedded import start_redis
 from outbox.store.migrate import upgrade
+from outbox.store.ports import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

@@ -28,8 +28,9 @@ import httpx
 
 from examples.fake_crm import FakeCrm
 from outbox.store import embedded
-from outbox.store.embedded import free_port, start_postgres, start_redis, wait_for_port
+from outbox.store.embedded import start_postgres, start_redis
 from outbox.store.migrate import upgrade
+from outbox.store.ports import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EVENT_TYPE = "crm.followup.requested"

@@ -25,7 +25,7 @@ from urllib.parse import quote, urlsplit
 from kombu import Connection
 
 from outbox.core.broker import task_queue
-from outbox.store.embedded import free_port, wait_for_port
+from outbox.store.ports import free_port, wait_for_port
 
 RABBITMQ_URL = os.environ.get("TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
 # The node script of the Debian/Ubuntu package; the one on PATH there switches to the

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from outbox.store.embedded import free_port, wait_for_port
+from outbox.store.ports import free_port, wait_for_port
 
 POOLER = os.environ.get("TEST_POOLER", "")
 

@@ -24,7 +24,7 @@ import httpx
 import psycopg
 from sqlalchemy import Engine, event, make_url
 
-from outbox.store.embedded import free_port, wait_for_port
+from outbox.store.ports import free_port, wait_for_port
 from tests.pooler import pooled_url
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,12 +23,13 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from outbox.store.ports import free_port, wait_for_port
 
 # The unprivileged identity PostgreSQL runs as when started by root: present on every Linux
 # distribution, owns no files, and PostgreSQL refuses to run as root.
@@ -330,12 +331,6 @@ def redis_server_binary() -> str:
     return found
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_redis(
     data_dir: Path, port: int | None = None, *, appendonly: bool = True, host: str = "127.0.0.1"
 ) -> tuple[subprocess.Popen[bytes], str]:
@@ -369,21 +364,6 @@ def start_redis(
     )
     wait_for_port(port, process, host=host)
     return process, f"redis://{host}:{port}/0"
-
-
-def wait_for_port(
-    port: int, process: subprocess.Popen[bytes], timeout: float = 10.0, host: str = "127.0.0.1"
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server on port {port} exited with {process.returncode}")
-        try:
-            with socket.create_connection((host, port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on port {port} after {timeout} s")
 
 
 def terminate(processes: list[subprocess.Popen[Any]], grace: float = 10.0) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from outbox.store import embedded
+from outbox.store import embedded, ports
 from tests.chaos.netns import Network
 from tests.chaos.servers import Fleet, Proc
 from tests.support import ROOT
@@ -100,7 +100,7 @@ class NetFleet(Fleet):
             port = {"receiver": RECEIVER_PORT, "worker": METRICS_PORT}.get(proc.role)
             if port is not None:
                 ip = self.net.ip(self.host_of[proc.name])
-                embedded.wait_for_port(port, proc.process, timeout=timeout, host=ip)
+                ports.wait_for_port(port, proc.process, timeout=timeout, host=ip)
 
     def wait_serving(self, procs: list[Proc], timeout: float = 120.0) -> None:
         """Wait until each receiver answers /readyz with 200 (its database reached) and each

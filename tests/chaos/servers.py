@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 
 from outbox.store import embedded
-from outbox.store.embedded import free_port, wait_for_port
+from outbox.store.ports import free_port, wait_for_port
 from tests.brokers import RabbitNode
 from tests.support import ROOT
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psycopg
 
-from outbox.store.embedded import free_port
+from outbox.store.ports import free_port
 from tests.chaos.servers import Fleet, Proc
 from tests.support import ROOT, libpq
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy.engine import make_url
 
-from outbox.store.embedded import free_port, wait_for_port
+from outbox.store.ports import free_port, wait_for_port
 from tests.support import ROOT, run_idem, system_state, wait_until
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import redis as redis_client
 
-from outbox.store.embedded import free_port, start_redis
+from outbox.store.embedded import start_redis
+from outbox.store.ports import free_port
 from tests.support import (
     AUTH,
     Downstream,

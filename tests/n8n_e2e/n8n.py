@@ -15,7 +15,6 @@ import filecmp
 import json
 import os
 import shutil
-import socket
 import sqlite3
 import subprocess
 import time
@@ -26,6 +25,7 @@ from typing import Any
 import httpx
 
 from outbox.store.embedded import terminate
+from outbox.store.ports import port_free
 from tests.support import ROOT
 
 PIN = Path(__file__).resolve().parent / "pin"
@@ -110,15 +110,6 @@ def install() -> Path:
     return binary
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 @dataclass
 class N8n:
     """One n8n home (sqlite) and the `n8n` commands run against it."""
@@ -180,7 +171,7 @@ class N8n:
 
     def start(self) -> None:
         for port in (PORT, BROKER_PORT):
-            if not _port_free(port):
+            if not port_free(port):
                 raise N8nUnavailable(f"port {port} is taken: is another n8n running?")
         path = self.log_dir / "n8n.log"
         # A restart appends to the log: only this start's lines say it is ready.

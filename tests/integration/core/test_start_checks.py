@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox.store.embedded import free_port
+from outbox.store.ports import free_port
 from tests.support import OPERATOR_TOKEN, ROOT
 
 PROCESSES = {

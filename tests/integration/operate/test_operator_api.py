@@ -17,7 +17,7 @@ import httpx
 import pytest
 import redis
 
-from outbox.store.embedded import free_port
+from outbox.store.ports import free_port
 from tests.support import (
     AUTH,
     Downstream,

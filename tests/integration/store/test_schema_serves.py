@@ -6,8 +6,8 @@ from __future__ import annotations
 from sqlalchemy import create_engine
 
 from outbox.core.settings import sqlalchemy_url
-from outbox.store.embedded import free_port
 from outbox.store.migrate import schema_serves, upgrade
+from outbox.store.ports import free_port
 from outbox.store.readiness import Readiness
 from tests.support import query
 

@@ -21,7 +21,8 @@ from kombu.common import ignore_errors
 from kombu.message import Message
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from outbox.store.embedded import free_port, start_redis
+from outbox.store.embedded import start_redis
+from outbox.store.ports import free_port
 from tests.support import Downstream, Reply, Stack, envelope, query, wait_until
 from worker import broker
 

@@ -17,7 +17,8 @@ import redis as redis_client
 from prometheus_client.parser import text_string_to_metric_families
 
 from outbox.core.wire import TASK_QUEUE
-from outbox.store.embedded import free_port, start_redis, wait_for_port
+from outbox.store.embedded import start_redis
+from outbox.store.ports import free_port, wait_for_port
 from tests.support import ROOT, Downstream, Reply, Stack, envelope, finished, wait_until
 
 AUTH = ("ops", "flower-secret")

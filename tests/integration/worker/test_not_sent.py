@@ -14,7 +14,7 @@ from pathlib import Path
 from sqlalchemy import create_engine
 
 from outbox.store import routes as routes_sql
-from outbox.store.embedded import free_port
+from outbox.store.ports import free_port
 from tests.support import (
     Downstream,
     Reply,
