@@ -320,6 +320,13 @@ def key_rows(database_url: str, keys: list[str]) -> dict[str, tuple[str, int]]:
     return {key: (status, attempts) for key, status, attempts in rows}
 
 
+def all_in(database_url: str, keys: list[str], *statuses: str) -> bool:
+    """Every key has a row and is in one of `statuses`: a key with no row (none accepted it
+    here) is in none of them."""
+    rows = key_rows(database_url, keys)
+    return len(rows) == len(set(keys)) and all(status in statuses for status, _ in rows.values())
+
+
 def statuses(database_url: str) -> Counter[str]:
     return Counter(
         dict(query(database_url, "SELECT status, count(*) FROM idempotency_keys GROUP BY 1"))

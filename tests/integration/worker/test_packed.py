@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import signal
 
-from tests.support import Downstream, Reply, Stack, query, seed_pending_key, wait_until
+from tests.support import Downstream, Reply, Stack, all_in, query, seed_pending_key, wait_until
 
 # What the seeded keys' route allows (tests/support.py write_routes: crm).
 PACK = 8
@@ -40,7 +40,7 @@ def _statuses(stack: Stack, keys: list[str]) -> dict[str, str]:
 
 
 def _final(stack: Stack, keys: list[str]) -> bool:
-    return all(s in ("succeeded", "failed_final") for s in _statuses(stack, keys).values())
+    return all_in(stack.database_url, keys, "succeeded", "failed_final")
 
 
 def _messages(stack: Stack) -> list[int]:

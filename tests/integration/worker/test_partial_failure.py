@@ -15,7 +15,16 @@ import psycopg
 import pytest
 
 from tests.chaos.plan import derived_key
-from tests.support import Downstream, Reply, Stack, envelope, libpq, query, wait_until
+from tests.support import (
+    Downstream,
+    Reply,
+    Stack,
+    all_in,
+    envelope,
+    libpq,
+    query,
+    wait_until,
+)
 
 
 def _routes(path: Path, url: str, **settings: Any) -> Path:
@@ -58,9 +67,7 @@ def _keys(stack: Stack, keys: list[str]) -> dict[str, tuple[str, int, str | None
 
 
 def _all(stack: Stack, keys: list[str], status: str) -> bool:
-    """Every key has a row (a key not yet claimed has none) and is in `status`."""
-    rows = _keys(stack, keys)
-    return len(rows) == len(set(keys)) and all(row[0] == status for row in rows.values())
+    return all_in(stack.database_url, keys, status)
 
 
 def _requests(downstream: Downstream, key: str) -> int:

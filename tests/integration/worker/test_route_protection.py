@@ -19,6 +19,7 @@ from tests.support import (
     Downstream,
     Reply,
     Stack,
+    all_in,
     envelope,
     key_rows,
     query,
@@ -82,7 +83,7 @@ def _post(stack: Stack, body: dict[str, Any]) -> str:
 
 
 def _all_succeeded(stack: Stack, keys: list[str]) -> bool:
-    return all(status == "succeeded" for status, _ in key_rows(stack.database_url, keys).values())
+    return all_in(stack.database_url, keys, "succeeded")
 
 
 @pytest.mark.parametrize(
