@@ -4,13 +4,13 @@ A message may carry several keys (an event's deliveries, or keys the relay packe
 fell due together), and each key's attempt runs at once beside the others. Without a bound a
 threads worker would then run up to its concurrency times the keys a message carries, and a
 downstream that had been called by at most `WORKER_CONCURRENCY` attempts of a worker would be
-called by eight times as many after a backlog. So a message takes a slot per key before its
+called by that many times more after a backlog. So a message takes a slot per key before its
 keys are claimed. It takes the slots that are free, one at least, and starts that many keys at
 once; the rest ask again, each part claimed only when it starts (`worker.deliveries`), so no
 lease runs while a key waits. A slot a message holds is always a running attempt's: it is
 given back when that attempt ends, so messages that each wait for more cannot block each other.
 Messages are served in the order they asked, so a free slot goes to the message that has waited
-longest, and one of eight keys is not passed for ever by single keys.
+longest, and a message of many keys is not passed for ever by single keys.
 
 Waiting for a whole message's slots at once would leave slots idle: under a backlog against a
 1 s downstream, with messages of eight keys, the message at the head of the line would hold
