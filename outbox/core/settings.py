@@ -94,8 +94,9 @@ class Settings(BaseSettings):
     # Deliveries due together travel in one message of up to this many keys: they share the
     # worker's per-message cost and one claim statement, each key still its own attempt (a
     # worker's attempts in flight stay within its concurrency: worker/slots.py). 1: one key
-    # per message (an event's fanned-out deliveries still travel together). 12 holds whole
-    # events of two, three, four or six destinations (8 held two events of three: six keys).
+    # per message (an event's fanned-out deliveries still travel together). An event's
+    # deliveries are never split, so 12 fills with whole events of two, three, four or six
+    # destinations (8 would carry two events of three: six keys).
     relay_keys_per_message: int = Field(default=12, ge=1, le=64)
     # After a pass that published rows (and did not fill its batch), the relay waits this
     # long before it looks again, so that rows accepted meanwhile share messages and the

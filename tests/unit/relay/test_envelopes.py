@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from outbox.core.settings import Settings
 from outbox.core.wire import PROCESS_TASK
 from outbox.relay.publisher import Envelope, OutboxMessage, envelopes
 
@@ -58,6 +59,19 @@ def test_an_events_deliveries_are_never_split_and_keep_their_correlation_id() ->
     # The three deliveries do not fit beside k-1, so they travel alone, together.
     assert _keys(packed) == [["k-1"], ["k-2", "k-3", "k-4"], ["k-5"]]
     assert packed[1].correlation_id == "c-ev"
+
+
+def test_the_default_limit_carries_four_whole_events_of_three_destinations() -> None:
+    """RELAY_KEYS_PER_MESSAGE's default fills with whole three-way fan-outs: four events in
+    one message, the fifth in the next (a limit of 8 would carry two events, six keys)."""
+    limit = Settings.model_fields["relay_keys_per_message"].default
+    rows = [
+        _row(3 * n + d, event=f"ev-{n}", correlation=f"c-{n}") for n in range(5) for d in range(3)
+    ]
+
+    packed = envelopes(rows, keys_per_message=limit)
+
+    assert [len(envelope.rows) for envelope in packed] == [12, 3]
 
 
 def test_traced_rows_travel_only_with_their_own_events_deliveries() -> None:
