@@ -74,16 +74,23 @@ def _lock_waits(database_url: str) -> int:
 
 
 def test_a_statement_chosen_as_a_deadlocks_victim_is_run_again(own_database: str) -> None:
-    """Two statements lock two rows in opposite orders: the server rolls one back as the
-    deadlock's victim; the store runs it again (it wrote nothing) and it succeeds once the
-    other has finished, instead of raising DeadlockDetected as if the step had failed.
+    """Two statements lock in opposite orders: the server rolls one back as the deadlock's
+    victim; the store runs it again (it wrote nothing) and it succeeds once the other has
+    finished, instead of raising DeadlockDetected as if the step had failed.
 
     The server checks a wait for a deadlock once, `deadlock_timeout` after it began, and the
     session whose check finds the cycle is the victim. So the store's statement is made to
-    close the cycle: it holds row 2 and waits at a gate (an advisory lock the test holds) until
-    the other transaction waits for row 2; then it goes for row 1 and its check, 200 ms later,
-    finds the cycle. The other's check comes after a minute. Whatever the machine's load, the
-    store's statement is the victim."""
+    close the cycle: it takes a turn (advisory lock 999, shared) and row 2, and waits at a gate
+    (an advisory lock the test holds) until the other transaction waits for the turn; then it
+    goes for row 1, held by the other, and its check, 200 ms later, finds the cycle. The other's
+    check comes after a minute. Whatever the machine's load, the store's statement is the
+    victim.
+
+    The turn makes the second run wait for the other. A lock like it is handed to the session
+    queued for it by the one that lets it go, so the victim's rollback gives it to the other,
+    and the second run queues behind. A row is not: a row whose updater rolled back is free to
+    whoever comes first, and a second run that took row 2 before the other's process was
+    scheduled closed the cycle again."""
     with psycopg.connect(libpq(own_database), autocommit=True) as setup:
         setup.execute("CREATE TABLE locks (id int PRIMARY KEY, n int NOT NULL)")
         setup.execute("INSERT INTO locks VALUES (1, 0), (2, 0)")
@@ -92,9 +99,11 @@ def test_a_statement_chosen_as_a_deadlocks_victim_is_run_again(own_database: str
     engine = create_sync_engine(
         _settings(own_database), pool_size=1, max_overflow=0, autocommit=True
     )
-    # Row 2, the gate (its key made from row 2's id, so it is taken after row 2), row 1.
+    # The turn, row 2, the gate (its key made from row 2's id, so it is taken after row 2), row 1.
     both = text(
-        "WITH first AS (UPDATE locks SET n = n + 1 WHERE id = 2 RETURNING id),"
+        "WITH turn AS (SELECT pg_advisory_xact_lock_shared(999)),"
+        " first AS (UPDATE locks SET n = n + 1 WHERE id = 2 AND EXISTS (SELECT FROM turn)"
+        "           RETURNING id),"
         " gated AS (SELECT first.id FROM first,"
         "           LATERAL pg_advisory_xact_lock(first.id + 1000) AS gate),"
         " second AS (UPDATE locks SET n = n + 1 WHERE id = (SELECT id - 1 FROM gated)"
@@ -102,6 +111,13 @@ def test_a_statement_chosen_as_a_deadlocks_victim_is_run_again(own_database: str
         " SELECT count(*) AS done FROM second"
     )
     outcome: list[object] = []
+
+    def run_it() -> None:
+        try:
+            outcome.append(rows_once_more(engine, both, {}))
+        except Exception as error:  # the assertion below shows it
+            outcome.append(error)
+
     try:
         with (
             psycopg.connect(libpq(own_database), autocommit=True) as gate,
@@ -110,19 +126,19 @@ def test_a_statement_chosen_as_a_deadlocks_victim_is_run_again(own_database: str
             gate.execute("SELECT pg_advisory_lock(1002)")
             other.execute("SET deadlock_timeout = '1min'")
             other.execute("UPDATE locks SET n = n + 10 WHERE id = 1")
-            thread = threading.Thread(
-                target=lambda: outcome.append(rows_once_more(engine, both, {}))
-            )
+            thread = threading.Thread(target=run_it)
             thread.start()
             wait_until(lambda: _lock_waits(own_database) == 1, timeout=10, interval=0.02)
-            # Row 2 is the thread's: the other transaction waits for it.
+            # The turn is the thread's: the other transaction waits for it, then takes row 2.
             closer = threading.Thread(
-                target=lambda: other.execute("UPDATE locks SET n = n + 10 WHERE id = 2")
+                target=lambda: other.execute(
+                    "SELECT pg_advisory_xact_lock(999); UPDATE locks SET n = n + 10 WHERE id = 2"
+                )
             )
             closer.start()
             wait_until(lambda: _lock_waits(own_database) == 2, timeout=10, interval=0.02)
             # The gate opens: the thread's statement waits for row 1 and closes the cycle. It
-            # is rolled back, the other goes on, and the thread's runs again.
+            # is rolled back, the other takes the turn and row 2, and the thread's runs again.
             gate.execute("SELECT pg_advisory_unlock(1002)")
             closer.join(timeout=30)
             assert not closer.is_alive()
