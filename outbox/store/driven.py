@@ -57,8 +57,11 @@ def rows_once_more(engine: Engine, statement: TextClause, params: dict[str, Any]
     had dropped (PostgreSQL restarted, an idle connection cut) is sent once more on a fresh
     one, instead of pinging before every statement: one round trip per step, not two. So is
     one the server chose as a deadlock's victim (or a serialization failure): it was rolled
-    back whole, so it wrote nothing, and its second run meets the other statement finished.
-    Only for steps that are safe to repeat (each caller's docstring says why)."""
+    back whole, so it wrote nothing, and the other transaction, no longer waiting for it, has
+    usually gone on by its second run. Not always: a row the victim's rollback freed goes to
+    whoever asks first, and a second run that asks before the other's process was scheduled
+    can close the same cycle again; that second error is raised, as any other. Only for steps
+    that are safe to repeat (each caller's docstring says why)."""
     for attempt in (1, 2):
         try:
             return _rows(engine, statement, params)
