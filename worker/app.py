@@ -85,13 +85,16 @@ class Runtime:
 
     def _engine(self) -> Engine:
         """A bounded pool, whatever the concurrency: attempts in flight and the lease keeper
-        share a few connections (plus one overflow) for their millisecond statements; an
+        share WORKER_DB_POOL_SIZE + 1 connections for their millisecond statements; an
         attempt that waits too long for one is still bounded by its own view of the lease.
+        All are kept once opened: a connection closed when it came back (an overflow) was
+        opened again at the next peak, several times a second under ordered traffic, and
+        each is a new server process that plans the lane functions' statements afresh.
         No pre-ping: the store retries a statement once on a connection found dead instead."""
         return create_sync_engine(
             self.settings,
-            pool_size=self.settings.worker_db_pool_size,
-            max_overflow=1,
+            pool_size=self.settings.worker_db_pool_size + 1,
+            max_overflow=0,
             pre_ping=False,
             autocommit=True,
         )

@@ -10,13 +10,13 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from functools import partial
 from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from outbox.core.routes import RouteTable
 from outbox.core.settings import Settings
@@ -269,6 +269,26 @@ def test_a_worker_process_claims_and_records_through_the_grouped_store(own_datab
         assert query(own_database, "SELECT status FROM idempotency_keys") == [("succeeded",)]
     finally:
         store.engine.dispose()
+
+
+def test_a_worker_process_keeps_every_connection_it_opened(own_database: str) -> None:
+    """A peak that takes all of a worker process's connections (its WORKER_DB_POOL_SIZE and
+    the one more its budget counts) opens none at the next: a connection closed when it came
+    back would be a new backend at the next peak, a fork and cold caches for the database."""
+    settings = Settings(database_url=own_database, redis_url="redis://x", worker_db_pool_size=2)
+    engine = Runtime(settings=settings, routes=RouteTable([])).store().engine
+    backends: list[set[int]] = []
+    try:
+        for _ in range(3):
+            with ExitStack() as peak:
+                held = [peak.enter_context(engine.connect()) for _ in range(3)]
+                backends.append(
+                    {c.execute(text("SELECT pg_backend_pid()")).scalar_one() for c in held}
+                )
+        assert [len(pids) for pids in backends] == [3, 3, 3]
+        assert backends[0] == backends[1] == backends[2]
+    finally:
+        engine.dispose()
 
 
 def test_one_key_parts_of_messages_share_the_process_statements(
