@@ -38,6 +38,7 @@ from outbox.core.routes import RouteTable, load_routes
 from outbox.core.settings import Settings
 from outbox.core.timeouts import check_timing
 from outbox.core.wire import PROCESS_KEYS_TASK, PROCESS_TASK, TASK_QUEUE
+from outbox.store.connections import worker_process_connections
 from outbox.store.engines import create_sync_engine
 from worker import broker, metrics, redis_client
 from worker.attempt import run_attempt
@@ -93,7 +94,7 @@ class Runtime:
         No pre-ping: the store retries a statement once on a connection found dead instead."""
         return create_sync_engine(
             self.settings,
-            pool_size=self.settings.worker_db_pool_size + 1,
+            pool_size=worker_process_connections(self.settings.worker_db_pool_size),
             max_overflow=0,
             pre_ping=False,
             autocommit=True,

@@ -45,10 +45,16 @@ class Budget:
     explanation: str
 
 
+def worker_process_connections(db_pool_size: int) -> int:
+    """The connections of one worker process's pool, every one kept open once opened: its
+    attempts' WORKER_DB_POOL_SIZE and one for the lease keeper, which shares the pool."""
+    return db_pool_size + 1
+
+
 def worker_budget(pool: str, concurrency: int, db_pool_size: int) -> Budget:
-    """A worker's connections: one pool (plus the keeper's) per process."""
+    """A worker's connections: one pool (`worker_process_connections`) per process."""
     processes = concurrency if pool == "prefork" else 1
-    per_process = db_pool_size + 1
+    per_process = worker_process_connections(db_pool_size)
     return Budget(
         "worker",
         processes * per_process,
