@@ -53,8 +53,12 @@ SUCCEED_KEYS: TextClause = text(
     f"""
     -- Several effects happened: each key succeeds under its own fence and token, as SUCCEED
     -- records one, with its attempt in the log. The arrays are parallel, one element per key.
-    WITH outcome AS (
-        SELECT *
+    -- The status a key must still have comes from the materialized list (`held`), not as a
+    -- constant: a constant would let the planner read the keys through the partial index of
+    -- processing keys, which under a backlog holds thousands of entries (mostly rows that
+    -- have moved on and wait for vacuum), where the primary key finds each key in one probe.
+    WITH outcome AS MATERIALIZED (
+        SELECT *, 'processing' AS held
           FROM unnest(CAST(:keys AS text[]), CAST(:fences AS bigint[]),
                       CAST(:tokens AS text[]), CAST(:attempts AS integer[]),
                       CAST(:started_at AS timestamptz[]), CAST(:workers AS text[]),
@@ -71,7 +75,7 @@ SUCCEED_KEYS: TextClause = text(
                updated_at = now()
           FROM outcome o
          WHERE k.idempotency_key = o.key AND k.fence = o.fence AND k.lease_token = o.token
-           AND k.status = 'processing'
+           AND k.status = o.held
         RETURNING k.idempotency_key
     ), logged AS (
         INSERT INTO attempts (idempotency_key, attempt, fence, started_at, outcome, reconciled,
