@@ -16,6 +16,10 @@ time per unit /proc counted meanwhile. py-spy counts a thread that runs or waits
 (runnable) alike, so on a busy machine its ms per unit exceed the CPU time and waits for a
 core land on the frame after a wait (a socket read's return): read the shares on a quiet
 machine, and the /proc figure as the CPU.
+
+`--fanout`: the gateway's events go to a route that fans out to three noop destinations
+(section 10's), so the relay's and the worker's units are deliveries, three an event; the
+naive pipeline is left out (it has no fan-out to compare with).
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from bench.fanout import routes_file
 from bench.flame_svg import render
-from bench.infra import DEFAULT_ADMIN_URL, WorkerShape, noop_stack, scalar
+from bench.infra import DEFAULT_ADMIN_URL, NOOP_ROUTES, WorkerShape, noop_stack, scalar
 from bench.load import Spec, generate
 from bench.naive import NAIVE_DB, TIMES
 from bench.procfs import tree_cpu_seconds
@@ -84,7 +89,7 @@ ROLES: dict[str, list[tuple[str, tuple[str, ...]]]] = {
 }
 # What each sampled process did while sampled, counted in the database or Redis.
 UNITS = {
-    "receiver": "SELECT count(*) FROM idempotency_keys",
+    "receiver": "SELECT count(*) FROM events",
     "relay": "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
     "worker": "SELECT count(*) FROM idempotency_keys WHERE status = 'succeeded'",
 }
@@ -132,9 +137,9 @@ def roles(raw: Path, name: str, units: int, cpu_seconds: float) -> str:
     return "\n".join(lines)
 
 
-def under_load(url: str, mode: str, seconds: float) -> threading.Thread:
+def under_load(url: str, mode: str, seconds: float, event_type: str = "") -> threading.Thread:
     """Closed-loop load at 64 connections for the sampling window and a little either side."""
-    spec = Spec(url=url, mode=mode, concurrency=64, duration=seconds + 4)
+    spec = Spec(url=url, mode=mode, concurrency=64, duration=seconds + 4, event_type=event_type)
     thread = threading.Thread(target=generate, args=(spec, seconds * 4 + 120), daemon=True)
     thread.start()
     time.sleep(2)
@@ -146,43 +151,49 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=25.0)
     parser.add_argument("--admin-url", default=DEFAULT_ADMIN_URL)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--fanout", action="store_true", help="events fanned out to three")
     args = parser.parse_args(argv)
+    # The fan-out's routes come first: the noop route matches every event type.
+    routes, event_type = NOOP_ROUTES, ""
+    if args.fanout:
+        routes, event_type = routes_file(None) + NOOP_ROUTES, "bench.noop.fanout"
     args.out.mkdir(parents=True, exist_ok=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     pool, concurrency = WorkerShape().resolved()
     reports: list[str] = []
-    with noop_stack(args.admin_url, "flames") as (procs, redis_server):
+    with noop_stack(args.admin_url, "flames", routes) as (procs, redis_server):
         receiver = procs.start_receiver()
         procs.start_relay()
         procs.start_worker(concurrency=concurrency, pool=pool)
-        naive = procs.start_naive()
-        procs.start_naive_worker(concurrency=concurrency, pool=pool)
+        if not args.fanout:
+            naive = procs.start_naive()
+            procs.start_naive_worker(concurrency=concurrency, pool=pool)
         procs.ready()
-        generate(Spec(url=receiver, concurrency=64, duration=3))
-        generate(Spec(url=naive, mode="naive", concurrency=64, duration=3))
+        generate(Spec(url=receiver, concurrency=64, duration=3, event_type=event_type))
 
         url = procs.database_url
-        load = under_load(receiver, "events", args.seconds)
+        load = under_load(receiver, "events", args.seconds, event_type)
         before = {name: int(scalar(url, sql)) for name, sql in UNITS.items()}
         cpu: dict[str, float] = {}
         raws = sample({n: procs.pid(n) for n in UNITS}, args.seconds, RESULTS, cpu)
         units = {name: int(scalar(url, sql)) - before[name] for name, sql in UNITS.items()}
         load.join()
-
-        redis_naive = redis_server.client(NAIVE_DB)
-        load = under_load(naive, "naive", args.seconds)
-        naive_before = int(redis_naive.llen(TIMES))
-        raws.update(
-            sample({n: procs.pid(n) for n in ("naive-worker", "naive")}, args.seconds, RESULTS, cpu)
-        )
-        units["naive-worker"] = units["naive"] = int(redis_naive.llen(TIMES)) - naive_before
-        load.join()
+        if not args.fanout:
+            generate(Spec(url=naive, mode="naive", concurrency=64, duration=3))
+            redis_naive = redis_server.client(NAIVE_DB)
+            load = under_load(naive, "naive", args.seconds)
+            naive_before = int(redis_naive.llen(TIMES))
+            names = ("naive-worker", "naive")
+            raws.update(sample({n: procs.pid(n) for n in names}, args.seconds, RESULTS, cpu))
+            units["naive-worker"] = units["naive"] = int(redis_naive.llen(TIMES)) - naive_before
+            load.join()
+    traffic = "events fanned out to 3 noop destinations" if args.fanout else "noop events"
     for name, raw in raws.items():
         title = (
-            f"{name}: noop events at 64 connections, worker {pool} x {concurrency}, "
+            f"{name}: {traffic} at 64 connections, worker {pool} x {concurrency}, "
             f"{args.seconds:.0f} s at {RATE_HZ} Hz"
         )
-        svg = args.out / f"flame-{name}.svg"
+        svg = args.out / f"flame-{name}{'-fanout' if args.fanout else ''}.svg"
         svg.write_text(render(raw.read_text(), title), encoding="utf-8")
         per_unit = 1000 * cpu[name] / max(units[name], 1)
         reports.append(
