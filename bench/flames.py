@@ -17,8 +17,8 @@ time per unit /proc counted meanwhile. py-spy counts a thread that runs or waits
 core land on the frame after a wait (a socket read's return): read the shares on a quiet
 machine, and the /proc figure as the CPU.
 
-`--fanout`: the gateway's events go to a route that fans out to three noop destinations
-(section 10's), so the relay's and the worker's units are deliveries, three an event; the
+`--fanout`: every event fans out to three noop destinations (`bench.profile.fan_out_routes`,
+section 10's shape), so the relay's and the worker's units are deliveries, three an event; the
 naive pipeline is left out (it has no fan-out to compare with).
 """
 
@@ -31,13 +31,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench.fanout import routes_file
 from bench.flame_svg import render
-from bench.infra import DEFAULT_ADMIN_URL, NOOP_ROUTES, WorkerShape, noop_stack, scalar
+from bench.infra import DEFAULT_ADMIN_URL, WorkerShape, noop_stack, scalar
 from bench.load import Spec, generate
 from bench.naive import NAIVE_DB, TIMES
 from bench.procfs import tree_cpu_seconds
-from bench.profile import RESULTS, py_spy, summarize
+from bench.profile import RESULTS, fan_out_routes, py_spy, summarize
 
 RATE_HZ = 100
 # Where each process's samples go by the work they belong to: a sample counts for the first
@@ -137,9 +136,9 @@ def roles(raw: Path, name: str, units: int, cpu_seconds: float) -> str:
     return "\n".join(lines)
 
 
-def under_load(url: str, mode: str, seconds: float, event_type: str = "") -> threading.Thread:
+def under_load(url: str, mode: str, seconds: float) -> threading.Thread:
     """Closed-loop load at 64 connections for the sampling window and a little either side."""
-    spec = Spec(url=url, mode=mode, concurrency=64, duration=seconds + 4, event_type=event_type)
+    spec = Spec(url=url, mode=mode, concurrency=64, duration=seconds + 4)
     thread = threading.Thread(target=generate, args=(spec, seconds * 4 + 120), daemon=True)
     thread.start()
     time.sleep(2)
@@ -153,10 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--fanout", action="store_true", help="events fanned out to three")
     args = parser.parse_args(argv)
-    # The fan-out's routes come first: the noop route matches every event type.
-    routes, event_type = NOOP_ROUTES, ""
-    if args.fanout:
-        routes, event_type = routes_file(None) + NOOP_ROUTES, "bench.noop.fanout"
+    routes = fan_out_routes(3 if args.fanout else 0)
     args.out.mkdir(parents=True, exist_ok=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     pool, concurrency = WorkerShape().resolved()
@@ -169,10 +165,10 @@ def main(argv: list[str] | None = None) -> int:
             naive = procs.start_naive()
             procs.start_naive_worker(concurrency=concurrency, pool=pool)
         procs.ready()
-        generate(Spec(url=receiver, concurrency=64, duration=3, event_type=event_type))
+        generate(Spec(url=receiver, concurrency=64, duration=3))
 
         url = procs.database_url
-        load = under_load(receiver, "events", args.seconds, event_type)
+        load = under_load(receiver, "events", args.seconds)
         before = {name: int(scalar(url, sql)) for name, sql in UNITS.items()}
         cpu: dict[str, float] = {}
         raws = sample({n: procs.pid(n) for n in UNITS}, args.seconds, RESULTS, cpu)
