@@ -23,26 +23,30 @@ CLAIM_KEYS: TextClause = text(
     -- Take each of :keys that nobody holds, as CLAIM_KEY takes one (pending, a due retry, or
     -- an expired lease, which makes the key uncertain), each with its own token and holder
     -- (:tokens and :owners, in the same order), a fence one higher and its attempt counted.
-    -- Only the worker's keys.
+    -- Only the worker's keys. Whether a key may be taken is decided on the row `previous`
+    -- locks (by the primary key; a row another transaction changed meanwhile is read again
+    -- by the lock), and the update finds its rows by key alone: with the rule in the
+    -- update's own condition, the planner could read the keys through the partial indexes
+    -- of waiting and held keys, which under a backlog hold thousands of entries (mostly rows
+    -- that have moved on and wait for vacuum), where the primary key finds each in one probe.
     WITH wanted AS (
         SELECT key, token, owner
           FROM unnest(CAST(:keys AS text[]), CAST(:tokens AS text[]), CAST(:owners AS text[]))
             AS w(key, token, owner)
     ), previous AS MATERIALIZED (
-        SELECT idempotency_key, status AS previous_status, lease_owner AS previous_owner,
-               updated_at AS previous_updated_at
-          FROM idempotency_keys
-         WHERE idempotency_key = ANY(CAST(:keys AS text[]))
-         ORDER BY idempotency_key
+        SELECT k.idempotency_key, k.status AS previous_status, k.lease_owner AS previous_owner,
+               k.updated_at AS previous_updated_at,
+               k.actor = 'worker' AND {claiming.CLAIMABLE} AS claimable
+          FROM idempotency_keys k
+         WHERE k.idempotency_key = ANY(CAST(:keys AS text[]))
+         ORDER BY k.idempotency_key
            FOR UPDATE
     ), claimed AS (
         UPDATE idempotency_keys k
            SET {claiming.taken("w.token", "w.owner")}
           FROM previous
           JOIN wanted w ON w.key = previous.idempotency_key
-         WHERE k.idempotency_key = previous.idempotency_key
-           AND k.actor = 'worker'
-           AND {claiming.CLAIMABLE}
+         WHERE k.idempotency_key = previous.idempotency_key AND previous.claimable
         {claiming.RETURNED}
     ), {attempts.CLAIMED}
     {claiming.WITH_EVENT}
