@@ -98,6 +98,7 @@ def run(bench: Bench) -> tuple[dict[str, Any], list[Check]]:
         procs.ready()
         pid = procs.pid("receiver")
         bench.warm(receiver)
+        bench.dbs.analyze(url)
         series = {kind: Series() for kind in KINDS}
         left: dict[str, list[int]] = {kind: [] for kind in KINDS[1:]}
         published: dict[str, list[float]] = {kind: [] for kind in KINDS[1:]}

@@ -118,6 +118,7 @@ def _one_downstream(
     for event_type in types.values():
         bench.warm(receiver, event_type=event_type, limit=300)
     wait_idem_drained(url, PATIENCE)
+    bench.dbs.analyze(url)
 
     bench.say(f"fan-out ({label}): each route's maximum, closed-loop bursts")
     maxima: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}

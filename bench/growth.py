@@ -228,6 +228,7 @@ def run(bench: Bench) -> tuple[dict[str, Any], list[Check]]:
         pids = {name: procs[name].pid("receiver") for name in sizes}
         for url in receivers.values():
             bench.warm(url)
+        bench.dbs.analyze(*urls.values())
         for mode in ("events", "claims"):
             bench.say(f"growth: {mode}, {sizes['large']:,} vs {sizes['small']:,} keys")
 

@@ -62,6 +62,7 @@ def run(bench: Bench) -> tuple[dict[str, Any], dict[str, Any], list[Check]]:
         for target in urls.values():
             bench.warm(target)
         bench.warm(urls["receiver"], mode="duplicates", source="dup", known=known)
+        bench.dbs.analyze(url)
 
         def spec(name: str, concurrency: int) -> Spec:
             if name == "duplicates":

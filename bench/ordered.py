@@ -57,6 +57,7 @@ def run(bench: Bench) -> tuple[dict[str, Any], list[Check]]:
         for event_type in KINDS.values():
             bench.warm(receiver, mode="lanes", lanes=LANES, event_type=event_type)
         wait_idem_drained(url, 300)
+        bench.dbs.analyze(url)
 
         bench.say(f"ordered traffic: {LANES} lanes, supersede, against the same unordered")
         kinds = list(KINDS)

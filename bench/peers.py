@@ -155,6 +155,7 @@ def _one_action(
         )
         for design in designs.values():
             design.burst(min(events, 2 * concurrency), patience)  # warm-up, not measured
+        bench.dbs.analyze(*urls.values())
 
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in DESIGNS}
         for round_number in range(profile.peers_runs):

@@ -191,6 +191,7 @@ def run(bench: Bench) -> tuple[dict[str, Any], list[Check]]:
         warm = generate(Spec(url=naive.url, mode="naive", concurrency=64, duration=1.0))
         wait_idem_drained(url, 300)
         naive.times(warm.ok, 300)
+        bench.dbs.analyze(url)
 
         maxima: dict[str, list[dict[str, Any]]] = {"idem": [], "naive": []}
         bench.say("end to end: maximum, closed-loop bursts")

@@ -81,6 +81,7 @@ def _shape(bench: Bench, shape: tuple[int, int, int]) -> dict[str, Any]:
         for receiver in urls:
             bench.warm(receiver)
         wait_idem_drained(url, 300)
+        bench.dbs.analyze(url)
         runs = []
         bench.say(f"scale: {_label(shape)}")
         for number in range(bench.profile.e2e_runs):

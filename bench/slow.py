@@ -127,6 +127,7 @@ def _one_delay(bench: Bench, pool: str, concurrency: int, delay: float) -> dict[
             Spec(url=naive.url, mode="naive", concurrency=64, duration=3600, limit=warm)
         )
         naive.times(done.ok, patience)
+        bench.dbs.analyze(url)
 
         runs: dict[str, list[dict[str, Any]]] = {"idem": [], "naive": []}
         for round_number in range(profile.slow_runs):

@@ -43,6 +43,7 @@ def run(bench: Bench) -> tuple[dict[str, Any], list[Check]]:
         pid = procs.pid("receiver")
         bench.warm(receiver)
         bench.warm(receiver, mode="stripe", secret=SECRET)
+        bench.dbs.analyze(url)
 
         def spec(mode: str) -> Spec:
             rounds[mode] += 1
