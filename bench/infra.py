@@ -138,8 +138,7 @@ class Databases:
         would measure how fast the first analysis came, not the gateway (as pgbench vacuums
         its tables before each run)."""
         for url in urls:
-            with psycopg.connect(libpq(url), autocommit=True) as conn:
-                conn.execute("ANALYZE")
+            sql(url, "ANALYZE")
 
     def drop(self, url: str) -> None:
         name = url.partition("?")[0].rsplit("/", 1)[1]

@@ -7,11 +7,12 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
+import psycopg
 import pytest
 from sqlalchemy import Engine
 
 import worker.siblings
-from tests.support import query, refuse_shared_successes, seed_pending_key, wait_until
+from tests.support import libpq, query, refuse_shared_successes, seed_pending_key, wait_until
 from worker.siblings import Siblings, claim_together
 from worker.store import Blocked, Claim, KeyStore
 
@@ -208,3 +209,81 @@ def test_a_sibling_that_ends_without_success_lets_the_waiting_success_go_at_once
         ("succeeded",),
         ("processing",),
     ]
+
+
+@pytest.mark.parametrize(
+    ("before", "committed", "taken"),
+    [
+        # Another worker takes the key while the shared claim waits for its row.
+        (
+            "pending",
+            "status = 'processing', fence = 5, lease_token = 'other',"
+            " locked_until = now() + interval '1 hour'",
+            False,
+        ),
+        # A holder gives the key back (a retry due at once) while the shared claim waits.
+        (
+            "processing",
+            "status = 'failed_retryable', fence = 5, lease_token = NULL,"
+            " locked_until = NULL, next_attempt_at = NULL",
+            True,
+        ),
+    ],
+    ids=["taken-meanwhile", "given-back-meanwhile"],
+)
+def test_a_shared_claim_decides_on_the_row_as_committed_while_it_waited(
+    own_database: str, worker_engine: Engine, before: str, committed: str, taken: bool
+) -> None:
+    """A shared claim reaches a row another transaction is changing and waits for its lock;
+    whether it takes the key is decided on the version that transaction committed, not on the
+    one the claim's statement first saw: a key taken meanwhile is refused and keeps its new
+    holder's fence and token, a key given back meanwhile is taken. Its sibling, not locked,
+    is taken either way."""
+    db = own_database
+    store = KeyStore(worker_engine)
+    key, sibling = seed_pending_key(db, "raced"), seed_pending_key(db, "raced-sibling")
+    query(
+        db,
+        "UPDATE idempotency_keys SET status = %s, fence = 4, lease_token = 'old',"
+        " locked_until = now() + interval '1 hour' WHERE idempotency_key = %s"
+        " AND %s = 'processing'",
+        (before, key, before),
+    )
+    answers: list[Siblings] = []
+    with psycopg.connect(libpq(db)) as other:
+        other.execute(
+            "SELECT 1 FROM idempotency_keys WHERE idempotency_key = %s FOR UPDATE", (key,)
+        )
+        claiming = threading.Thread(
+            target=lambda: answers.append(claim_together(store, [key, sibling], "w", 30))
+        )
+        claiming.start()
+        wait_until(
+            lambda: (
+                query(
+                    db,
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()",
+                )
+                == [(1,)]
+            ),
+            timeout=20,
+            interval=0.01,
+        )
+        other.execute(f"UPDATE idempotency_keys SET {committed} WHERE idempotency_key = %s", (key,))
+        other.commit()
+    claiming.join(20)
+    assert not claiming.is_alive()
+
+    claims = answers[0]
+    assert isinstance(claims.claim(sibling, "w", 30), Claim)
+    raced = claims.claim(key, "w", 30)
+    if taken:
+        assert isinstance(raced, Claim) and raced.fence == 6
+    else:
+        assert isinstance(raced, Blocked) and raced.status == "processing"
+        assert query(
+            db,
+            "SELECT fence, lease_token FROM idempotency_keys WHERE idempotency_key = %s",
+            (key,),
+        ) == [(5, "other")]
